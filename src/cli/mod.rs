@@ -1,0 +1,7 @@
+//! Command-line entry points; each subcommand owns one file.
+
+pub mod crds;
+pub mod demo;
+pub mod etcd;
+pub mod inspect;
+pub mod run;

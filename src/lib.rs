@@ -1,0 +1,32 @@
+//! k3s-control-plane: a Cluster API control-plane provider for k3s that keeps the
+//! workload cluster's embedded etcd safe while it replaces or removes
+//! control-plane machines.
+//!
+//! Layout (one concept per module):
+//! - [`etcd`]: mutual-TLS connections to each member, membership snapshot, operations.
+//! - [`membership`]: pure mapping of etcd members to Machines and Nodes.
+//! - [`quorum`]: pure safety arithmetic on the real membership.
+//! - [`api`]: our CRDs, the CAPI and bootstrap types we read and write, validation.
+//! - [`workload`]: access to a workload cluster (kubeconfig and etcd CA Secrets, Nodes).
+//! - [`remediation`]: the pure decision (which machine, which rule) and its steps.
+//! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
+//! - [`apiserver`]: an in-process Kubernetes API server for tests and the demo.
+//! - [`harness`]: local real-etcd clusters with a k3s-like PKI (tests and demo).
+
+pub mod api;
+pub mod apiserver;
+pub mod cli;
+pub mod controller;
+pub mod etcd;
+pub mod harness;
+pub mod membership;
+pub mod quorum;
+pub mod remediation;
+pub mod workload;
+
+/// Install ring as the process-wide rustls provider. Every TLS user in this
+/// binary (kube, etcd-client, our own config) must agree on one provider, and
+/// rustls panics at run time when it cannot pick one. Safe to call repeatedly.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
