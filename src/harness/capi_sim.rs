@@ -1,0 +1,213 @@
+//! What Cluster API's own Machine controller does when a Machine is deleted, and
+//! nothing more, for tests and the demo where no CAPI runs:
+//! - a Machine gets CAPI's finalizer `machine.cluster.x-k8s.io` when it appears;
+//! - once it is deleting and any `pre-terminate.delete.hook.machine.cluster.x-k8s.io/*`
+//!   annotation remains, CAPI reports that it waits on the hooks: v1beta2
+//!   condition `Deleting=True` reason `WaitingForPreTerminateHook`, and the
+//!   v1beta1 condition `PreTerminateDeleteHookSucceeded=False` reason
+//!   `WaitingExternalHook` under `status.deprecated.v1beta1.conditions`;
+//! - once no pre-terminate hook remains it removes its finalizer, so the API
+//!   server deletes the Machine.
+//!
+//! Drain is not simulated (there are no Pods); the infrastructure is not either.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+
+/// `cluster.x-k8s.io/v1beta2` Machines, untyped: the simulator only touches
+/// metadata and conditions.
+pub fn machine_resource() -> ApiResource {
+    ApiResource {
+        group: "cluster.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        plural: "machines".into(),
+    }
+}
+
+/// Runs until dropped (aborts its task on drop).
+pub struct MachineDeletionSim {
+    task: JoinHandle<()>,
+}
+
+impl Drop for MachineDeletionSim {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl MachineDeletionSim {
+    /// Starts simulating CAPI's Machine deletion for every Machine `client` can see.
+    pub fn start(client: Client) -> Self {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &machine_resource());
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(machine) = event else { continue };
+                let namespace = machine.namespace().unwrap_or_default();
+                let ns_api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), &namespace, &machine_resource());
+                if let Err(err) = step(&ns_api, &machine).await {
+                    // A conflict or a vanished object: the next event retries.
+                    tracing::debug!(machine = %machine.name_any(), %err, "capi sim step failed");
+                }
+            }
+        });
+        MachineDeletionSim { task }
+    }
+}
+
+fn pre_terminate_hooks(machine: &DynamicObject) -> Vec<String> {
+    machine
+        .annotations()
+        .keys()
+        .filter(|k| k.starts_with(PRE_TERMINATE_HOOK_PREFIX))
+        .cloned()
+        .collect()
+}
+
+async fn step(api: &Api<DynamicObject>, machine: &DynamicObject) -> kube::Result<()> {
+    let name = machine.name_any();
+    let finalizers = machine.finalizers().to_vec();
+    let has_finalizer = finalizers.iter().any(|f| f == MACHINE_FINALIZER);
+    if machine.metadata.deletion_timestamp.is_none() {
+        if !has_finalizer {
+            let mut with = finalizers.clone();
+            with.push(MACHINE_FINALIZER.to_string());
+            let patch = json!({"metadata": {"finalizers": with, "resourceVersion": machine.resource_version()}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        return Ok(());
+    }
+    if !has_finalizer {
+        return Ok(());
+    }
+    if pre_terminate_hooks(machine).is_empty() {
+        let without: Vec<String> = finalizers
+            .into_iter()
+            .filter(|f| f != MACHINE_FINALIZER)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": without, "resourceVersion": machine.resource_version()}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(());
+    }
+    if waiting_condition_set(machine) {
+        return Ok(());
+    }
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = machine
+        .data
+        .get("status")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let conditions = upsert(
+        status.get("conditions"),
+        json!({
+            "type": "Deleting", "status": "True", "reason": "WaitingForPreTerminateHook",
+            "message": "Waiting for pre-terminate hooks to succeed",
+            "lastTransitionTime": now, "observedGeneration": machine.metadata.generation,
+        }),
+    );
+    let v1beta1 = upsert(
+        status.pointer("/deprecated/v1beta1/conditions"),
+        json!({
+            "type": "PreTerminateDeleteHookSucceeded", "status": "False", "severity": "Info",
+            "reason": "WaitingExternalHook", "lastTransitionTime": now,
+        }),
+    );
+    let patch = json!({"status": {
+        "conditions": conditions,
+        "deprecated": {"v1beta1": {"conditions": v1beta1}},
+    }});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn waiting_condition_set(machine: &DynamicObject) -> bool {
+    machine
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "Deleting"
+                    && c["status"] == "True"
+                    && c["reason"] == "WaitingForPreTerminateHook"
+            })
+        })
+}
+
+/// The condition list with `condition` replacing the one of the same type.
+fn upsert(existing: Option<&Value>, condition: Value) -> Value {
+    let mut list: Vec<Value> = existing
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != condition["type"])
+        .collect();
+    list.push(condition);
+    Value::Array(list)
+}
+
+/// How long tests and the demo wait for the simulator to act.
+pub const SIM_DEADLINE: Duration = Duration::from_secs(20);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upsert_replaces_condition_of_same_type_and_keeps_others() {
+        let existing = json!([
+            {"type": "Ready", "status": "True"},
+            {"type": "Deleting", "status": "False", "reason": "NotDeleting"}
+        ]);
+        let got = upsert(
+            Some(&existing),
+            json!({"type": "Deleting", "status": "True"}),
+        );
+        assert_eq!(
+            got,
+            json!([{"type": "Ready", "status": "True"}, {"type": "Deleting", "status": "True"}])
+        );
+    }
+
+    #[test]
+    fn only_pre_terminate_hooks_count_as_hooks() {
+        let mut machine = DynamicObject::new("m1", &machine_resource());
+        machine.metadata.annotations = Some(
+            [
+                (
+                    format!("{PRE_TERMINATE_HOOK_PREFIX}k3s-control-plane"),
+                    String::new(),
+                ),
+                (
+                    "pre-drain.delete.hook.machine.cluster.x-k8s.io/x".to_string(),
+                    String::new(),
+                ),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            pre_terminate_hooks(&machine),
+            vec![format!("{PRE_TERMINATE_HOOK_PREFIX}k3s-control-plane")]
+        );
+    }
+}
