@@ -278,7 +278,9 @@ fn decide_outcome(
 
     let retry = match check_retry_limits(target, &view.strategy, now) {
         RetryVerdict::Go(data) => data,
-        RetryVerdict::Defer { message } => return wait(Rule::RetryPeriodNotExpired, target, message),
+        RetryVerdict::Defer { message } => {
+            return wait(Rule::RetryPeriodNotExpired, target, message);
+        }
         RetryVerdict::Refuse { message } => return wait(Rule::MaxRetryReached, target, message),
     };
 
@@ -311,7 +313,10 @@ fn decide_outcome(
         Err((rule, message)) => return wait(rule, target, message),
     };
 
-    let mut message = format!("remediating {} ({why}), retry {}", target.name, retry.retry_count);
+    let mut message = format!(
+        "remediating {} ({why}), retry {}",
+        target.name, retry.retry_count
+    );
     if let Some(a) = &assessment {
         message.push_str(&format!("; {a}"));
     }
@@ -337,7 +342,9 @@ fn initialized_preflight(view: &ControlPlaneView, target: &MachineView) -> Optio
     if n <= 1 {
         return Some((
             Rule::TooFewMachines,
-            format!("KThreesControlPlane can't remediate if current replicas are less or equal to 1 ({n} machine)"),
+            format!(
+                "KThreesControlPlane can't remediate if current replicas are less or equal to 1 ({n} machine)"
+            ),
         ));
     }
     let provisioning: Vec<&str> = view
@@ -405,12 +412,17 @@ pub fn etcd_removal_plan(
         EtcdState::Unreachable { reason } => {
             return Err((
                 Rule::EtcdMembershipUnknown,
-                format!("KThreesControlPlane can't remove {} because the etcd membership could not be read: {reason}", target.name),
+                format!(
+                    "KThreesControlPlane can't remove {} because the etcd membership could not be read: {reason}",
+                    target.name
+                ),
             ));
         }
         EtcdState::Observed(m) => m,
     };
-    let member = target.etcd_member.filter(|id| membership.member(*id).is_some());
+    let member = target
+        .etcd_member
+        .filter(|id| membership.member(*id).is_some());
     let assessment = match member {
         Some(id) => quorum::assess_removal(&membership.members, id),
         None => quorum::assess_cluster(&membership.members),
@@ -418,11 +430,17 @@ pub fn etcd_removal_plan(
     if !assessment.is_safe() {
         let what = match member {
             Some(_) => assessment.to_string(),
-            None => format!("{} has no etcd member, but the cluster as it stands is not safe: {assessment}", target.name),
+            None => format!(
+                "{} has no etcd member, but the cluster as it stands is not safe: {assessment}",
+                target.name
+            ),
         };
         return Err((
             Rule::EtcdQuorumAtRisk,
-            format!("KThreesControlPlane can't remove {} because this could result in etcd losing quorum: {what}", target.name),
+            format!(
+                "KThreesControlPlane can't remove {} because this could result in etcd losing quorum: {what}",
+                target.name
+            ),
         ));
     }
     let Some(member_id) = member else {
@@ -462,7 +480,11 @@ pub fn leadership_transferee(
         .machines
         .iter()
         .filter(|m| m.name != target.name && !m.is_deleting() && !m.is_mhc_unhealthy())
-        .filter_map(|m| m.etcd_member.filter(|id| fit(*id)).map(|id| (m.age_key(), id)))
+        .filter_map(|m| {
+            m.etcd_member
+                .filter(|id| fit(*id))
+                .map(|id| (m.age_key(), id))
+        })
         .max_by(|a, b| a.0.cmp(&b.0))
         .map(|(_, id)| id);
     on_healthy_machine.or_else(|| {
@@ -482,4 +504,3 @@ fn member_label(membership: &Membership, id: u64) -> String {
         .map(|m| m.label())
         .unwrap_or_else(|| format!("{id:016x}"))
 }
-

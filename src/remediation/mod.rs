@@ -19,6 +19,8 @@ pub mod scale_down;
 pub mod steps;
 
 pub use decide::{Decision, Outcome, Remediate, Rule, decide};
-pub use model::{ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy};
+pub use model::{
+    ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy,
+};
 pub use scale_down::{ScaleDownDecision, decide_scale_down, select_machine_for_scale_down};
 pub use steps::{Removal, RemovalKind, Step, WaitReason, next_step};

@@ -75,7 +75,9 @@ fn deserialize_timestamp<'de, D: Deserializer<'de>>(
 /// Bad observed input, named by object and field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ModelError {
-    #[error("{object}: annotation {annotation} is not valid remediation data ({reason}): {value:?}")]
+    #[error(
+        "{object}: annotation {annotation} is not valid remediation data ({reason}): {value:?}"
+    )]
     InvalidRemediationData {
         object: String,
         annotation: &'static str,
@@ -137,9 +139,8 @@ impl Membership {
 
     /// A voter that answered its probe without alarms: fit to take leadership.
     pub fn is_healthy_voter(&self, id: u64) -> bool {
-        self.member(id).is_some_and(|m| {
-            !m.learner && !m.name.is_empty() && m.unhealthy_reason().is_none()
-        })
+        self.member(id)
+            .is_some_and(|m| !m.learner && !m.name.is_empty() && m.unhealthy_reason().is_none())
     }
 }
 

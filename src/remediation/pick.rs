@@ -27,7 +27,9 @@ impl fmt::Display for PickReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             PickReason::OnlyCandidate => "the only machine to remediate",
-            PickReason::RemediateAnnotation => "it has the cluster.x-k8s.io/remediate-machine annotation",
+            PickReason::RemediateAnnotation => {
+                "it has the cluster.x-k8s.io/remediate-machine annotation"
+            }
             PickReason::NoNodeRef => "it has no node (provisioning failed)",
             PickReason::EtcdMemberUnhealthy => "its etcd member is unhealthy",
             PickReason::ComponentsUnhealthy => "its control-plane components are not healthy",

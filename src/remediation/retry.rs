@@ -190,10 +190,9 @@ mod tests {
                     assert_eq!(data.machine, "m1", "{}", case.name);
                     assert_eq!(data.timestamp, Some(now()), "{}", case.name);
                 }
-                (
-                    RetryVerdict::Defer { message } | RetryVerdict::Refuse { message },
-                    Err(text),
-                ) => assert!(message.contains(text), "{}: {message}", case.name),
+                (RetryVerdict::Defer { message } | RetryVerdict::Refuse { message }, Err(text)) => {
+                    assert!(message.contains(text), "{}: {message}", case.name)
+                }
                 _ => panic!("{}: got {got:?}", case.name),
             }
         }

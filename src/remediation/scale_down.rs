@@ -83,7 +83,11 @@ pub fn select_machine_for_scale_down(view: &ControlPlaneView) -> Option<ScaleDow
     let tiers: [(EligibleSet, Vec<&MachineView>); 4] = [
         (
             EligibleSet::OutdatedWithDeleteAnnotation,
-            outdated.iter().copied().filter(|m| m.delete_requested).collect(),
+            outdated
+                .iter()
+                .copied()
+                .filter(|m| m.delete_requested)
+                .collect(),
         ),
         (
             EligibleSet::WithDeleteAnnotation,
@@ -107,7 +111,8 @@ pub fn select_machine_for_scale_down(view: &ControlPlaneView) -> Option<ScaleDow
         return None;
     }
 
-    let (failure_domain, failure_domain_reason) = failure_domain_with_most_machines(view, &eligible);
+    let (failure_domain, failure_domain_reason) =
+        failure_domain_with_most_machines(view, &eligible);
     let machine = eligible
         .iter()
         .filter(|m| m.failure_domain == failure_domain)
@@ -125,7 +130,10 @@ fn failure_domain_with_most_machines(
     view: &ControlPlaneView,
     eligible: &[&MachineView],
 ) -> (Option<String>, String) {
-    let known = |fd: &Option<String>| fd.as_ref().is_some_and(|f| view.failure_domains.contains(f));
+    let known = |fd: &Option<String>| {
+        fd.as_ref()
+            .is_some_and(|f| view.failure_domains.contains(f))
+    };
     if let Some(oldest_outside) = eligible
         .iter()
         .filter(|m| !known(&m.failure_domain))
@@ -133,7 +141,10 @@ fn failure_domain_with_most_machines(
     {
         let fd = oldest_outside.failure_domain.clone();
         let reason = match &fd {
-            None => format!("{} has no failure domain, so it goes first", oldest_outside.name),
+            None => format!(
+                "{} has no failure domain, so it goes first",
+                oldest_outside.name
+            ),
             Some(f) => format!(
                 "{} is in failure domain {f}, which the Cluster no longer offers, so it goes first",
                 oldest_outside.name
@@ -197,14 +208,21 @@ impl ScaleDownRule {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScaleDownDecision {
-    Go { scale_down: ScaleDown, message: String },
-    Wait { rule: ScaleDownRule, message: String },
+    Go {
+        scale_down: ScaleDown,
+        message: String,
+    },
+    Wait {
+        rule: ScaleDownRule,
+        message: String,
+    },
 }
 
 /// Decide a scale-down step (one machine) for `view`.
 pub fn decide_scale_down(view: &ControlPlaneView) -> ScaleDownDecision {
     let live = view.machines.iter().filter(|m| !m.is_deleting()).count();
-    let Some(pick) = select_machine_for_scale_down(view).filter(|_| live as u32 > view.desired_replicas)
+    let Some(pick) =
+        select_machine_for_scale_down(view).filter(|_| live as u32 > view.desired_replicas)
     else {
         return ScaleDownDecision::Wait {
             rule: ScaleDownRule::NotNeeded,
@@ -280,13 +298,22 @@ fn machine_problem(view: &ControlPlaneView, m: &MachineView) -> Option<String> {
     match m.components_healthy {
         Some(true) => {}
         Some(false) => return Some(format!("{} has unhealthy control-plane components", m.name)),
-        None => return Some(format!("{} control-plane component health is unknown", m.name)),
+        None => {
+            return Some(format!(
+                "{} control-plane component health is unknown",
+                m.name
+            ));
+        }
     }
     if view.etcd_managed()
         && let Some(member) = view.member_of(m)
         && let Some(reason) = member.unhealthy_reason()
     {
-        return Some(format!("{} etcd member {} is unhealthy ({reason})", m.name, member.label()));
+        return Some(format!(
+            "{} etcd member {} is unhealthy ({reason})",
+            m.name,
+            member.label()
+        ));
     }
     None
 }

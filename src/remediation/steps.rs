@@ -34,7 +34,9 @@ use crate::quorum::{self, Assessment};
 pub enum RemovalKind {
     /// MHC remediation; `record` is the `remediation-in-progress` value the
     /// decision produced (used only if the KCP does not carry it yet).
-    Remediation { record: RemediationData },
+    Remediation {
+        record: RemediationData,
+    },
     ScaleDown,
 }
 
@@ -159,7 +161,9 @@ impl fmt::Display for Step {
 
 /// Our hook annotation's value: the member it guards (`member=<hex id>`), or empty.
 pub fn hook_value(member: Option<u64>) -> String {
-    member.map(|id| format!("member={id:x}")).unwrap_or_default()
+    member
+        .map(|id| format!("member={id:x}"))
+        .unwrap_or_default()
 }
 
 /// Parse our hook annotation's value; the error names the annotation.
@@ -192,7 +196,10 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     {
         return wait(
             WaitReason::AnotherRemediation,
-            format!("the control plane records a remediation of {}", other.machine),
+            format!(
+                "the control plane records a remediation of {}",
+                other.machine
+            ),
         );
     }
 
@@ -225,13 +232,19 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     if !target.has_our_hook {
         return wait(
             WaitReason::MachineGoing,
-            format!("{} has no hook of ours left; CAPI is deleting it", target.name),
+            format!(
+                "{} has no hook of ours left; CAPI is deleting it",
+                target.name
+            ),
         );
     }
     if !target.waiting_for_pre_terminate_hook {
         return wait(
             WaitReason::Drain,
-            format!("CAPI is draining {} (not yet waiting on pre-terminate hooks)", target.name),
+            format!(
+                "CAPI is draining {} (not yet waiting on pre-terminate hooks)",
+                target.name
+            ),
         );
     }
     if !target.other_pre_terminate_hooks.is_empty() {
@@ -254,7 +267,10 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     {
         return wait(
             WaitReason::OlderDeletion,
-            format!("{} was marked for deletion before {}; it goes first", older.1, target.name),
+            format!(
+                "{} was marked for deletion before {}; it goes first",
+                older.1, target.name
+            ),
         );
     }
     if let Some(step) = leadership_step(view, target) {
@@ -334,16 +350,18 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
     if membership.leader != Some(member) {
         return None;
     }
-    Some(match leadership_transferee(view, membership, target, member) {
-        Some(to) => Step::MoveLeadership { from: member, to },
-        None => wait(
-            WaitReason::NoTransferee,
-            format!(
-                "{} leads etcd and there is no healthy etcd member to take leadership",
-                target.name
+    Some(
+        match leadership_transferee(view, membership, target, member) {
+            Some(to) => Step::MoveLeadership { from: member, to },
+            None => wait(
+                WaitReason::NoTransferee,
+                format!(
+                    "{} leads etcd and there is no healthy etcd member to take leadership",
+                    target.name
+                ),
             ),
-        ),
-    })
+        },
+    )
 }
 
 fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step> {
@@ -357,7 +375,10 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
     if !assessment.is_safe() {
         return Some(wait(
             WaitReason::QuorumAtRisk,
-            format!("not removing the member of {} now: {assessment}", target.name),
+            format!(
+                "not removing the member of {} now: {assessment}",
+                target.name
+            ),
         ));
     }
     // Ask a member that stays: the leader if it is not the target, else any healthy voter.
@@ -380,7 +401,10 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
         },
         None => wait(
             WaitReason::NoMemberToAsk,
-            format!("no healthy etcd member that stays can remove the member of {}", target.name),
+            format!(
+                "no healthy etcd member that stays can remove the member of {}",
+                target.name
+            ),
         ),
     })
 }
