@@ -425,7 +425,11 @@ pub fn etcd_removal_plan(
         .filter(|id| membership.member(*id).is_some());
     let assessment = match member {
         Some(id) => quorum::assess_removal(&membership.members, id),
-        None => quorum::assess_cluster(&membership.members),
+        None => Assessment {
+            // Named so the explanation says the target costs nothing.
+            target: Some(target.name.clone()),
+            ..quorum::assess_cluster(&membership.members)
+        },
     };
     if !assessment.is_safe() {
         let what = match member {

@@ -220,14 +220,15 @@ pub enum ScaleDownDecision {
 
 /// Decide a scale-down step (one machine) for `view`.
 pub fn decide_scale_down(view: &ControlPlaneView) -> ScaleDownDecision {
-    let live = view.machines.iter().filter(|m| !m.is_deleting()).count();
+    // Deleting machines count, as upstream: the preflight below then waits for them.
+    let count = view.machines.len();
     let Some(pick) =
-        select_machine_for_scale_down(view).filter(|_| live as u32 > view.desired_replicas)
+        select_machine_for_scale_down(view).filter(|_| count as u32 > view.desired_replicas)
     else {
         return ScaleDownDecision::Wait {
             rule: ScaleDownRule::NotNeeded,
             message: format!(
-                "{live} machines for {} desired replicas: nothing to scale down",
+                "{count} machines for {} desired replicas: nothing to scale down",
                 view.desired_replicas
             ),
         };
