@@ -14,11 +14,13 @@
 //! 6. move leadership again if it came back to the target;
 //! 7. remove the member, through a member that stays, after re-checking quorum;
 //! 8. (observation) the member is gone from the membership;
-//! 9. release our hook so CAPI finishes the deletion;
+//! 9. release our hook so CAPI finishes the deletion (a scale-down is done here;
+//!    a remediation waits until the Machine is gone);
 //! 10. create the replacement with `remediation-for` (MHC only), then clear the
 //!     KCP's `remediation-in-progress`.
 //!
-//! Scale-down runs the same steps without 1 and 10.
+//! Scale-down runs the same steps without 1 and 10. [`resume`] rebuilds the
+//! in-flight removal from what is observable (the KCP annotation, our hook).
 
 use std::fmt;
 
@@ -230,6 +232,12 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     }
 
     if !target.has_our_hook {
+        if record.is_none() {
+            // Scale-down: our part is over; the scale-down preflight waits for
+            // deleting machines anyway.
+            return Step::Done;
+        }
+        // Remediation: the replacement waits until the Machine is gone.
         return wait(
             WaitReason::MachineGoing,
             format!(
@@ -407,4 +415,26 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
             ),
         ),
     })
+}
+
+/// The removal in flight, rebuilt from what is observable (after a restart, or
+/// on any reconcile): the remediation recorded on the KCP, else a machine that
+/// carries our hook (a scale-down). `None`: nothing in flight.
+pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
+    if let Some(record) = &view.remediation_in_progress {
+        return Some(Removal {
+            machine: record.machine.clone(),
+            kind: RemovalKind::Remediation {
+                record: record.clone(),
+            },
+        });
+    }
+    view.machines
+        .iter()
+        .filter(|m| m.has_our_hook)
+        .min_by_key(|m| (m.deleting.is_none(), m.deleting, m.name.clone()))
+        .map(|m| Removal {
+            machine: m.name.clone(),
+            kind: RemovalKind::ScaleDown,
+        })
 }
