@@ -209,7 +209,7 @@ impl ScaleDownRule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScaleDownDecision {
     Go {
-        scale_down: ScaleDown,
+        scale_down: Box<ScaleDown>,
         message: String,
     },
     Wait {
@@ -279,13 +279,13 @@ pub fn decide_scale_down(view: &ControlPlaneView) -> ScaleDownDecision {
                 message.push_str(&format!("; {a}"));
             }
             ScaleDownDecision::Go {
-                scale_down: ScaleDown {
+                scale_down: Box::new(ScaleDown {
                     machine: pick.machine.clone(),
                     member,
                     transferee,
                     assessment,
                     pick,
-                },
+                }),
                 message,
             }
         }

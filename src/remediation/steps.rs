@@ -317,16 +317,15 @@ fn after_machine_gone(
 }
 
 /// Etcd steps apply only to an initialized control plane with managed etcd.
-fn etcd_in_scope(view: &ControlPlaneView) -> Result<Option<&Membership>, Step> {
+fn etcd_in_scope(view: &ControlPlaneView) -> Result<Option<&Membership>, String> {
     if !view.initialized {
         return Ok(None);
     }
     match &view.etcd {
         EtcdState::NotManaged => Ok(None),
-        EtcdState::Unreachable { reason } => Err(wait(
-            WaitReason::EtcdUnreachable,
-            format!("the etcd membership could not be read: {reason}"),
-        )),
+        EtcdState::Unreachable { reason } => {
+            Err(format!("the etcd membership could not be read: {reason}"))
+        }
         EtcdState::Observed(m) => Ok(Some(m)),
     }
 }
@@ -350,7 +349,7 @@ fn planned_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> 
 
 fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step> {
     let membership = match etcd_in_scope(view) {
-        Err(step) => return Some(step),
+        Err(message) => return Some(wait(WaitReason::EtcdUnreachable, message)),
         Ok(None) => return None,
         Ok(Some(m)) => m,
     };
@@ -374,7 +373,7 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
 
 fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step> {
     let membership = match etcd_in_scope(view) {
-        Err(step) => return Some(step),
+        Err(message) => return Some(wait(WaitReason::EtcdUnreachable, message)),
         Ok(None) => return None,
         Ok(Some(m)) => m,
     };
