@@ -14,7 +14,7 @@
 //!  U4  RemediationInProgressAnnotation is cleaned up when stale and there are no machines to be remediated -> stale_in_progress_is_cleared_without_unhealthy_machines
 //!  U5  remediation in progress is ignored when stale -> stale_in_progress_does_not_block
 //!  U6  return early if the machine to be remediated is already being deleted -> target_already_deleting_is_skipped
-//!  U7  return early if there is a pending topology upgrade -> NOT APPLICABLE (ClusterClass topology version propagation; KThreesControlPlane has no such input)
+//!  U7  return early if there is a pending topology upgrade -> pending_topology_upgrade_defers
 //!  U8  Remediation does not happen if MaxRetry is reached -> max_retry_reached_refuses
 //!  U9  Retry history is ignored if min healthy period is expired, default min healthy period -> retry_history_ignored_after_default_min_healthy_period
 //!  U10 Retry history is ignored if min healthy period is expired -> retry_history_ignored_after_custom_min_healthy_period
@@ -42,7 +42,11 @@
 //!  C3  ... external etcd and k8s control plane will be healthy -> safety_table "C3"
 //!  C4  Can't ... target k8s control plane will be in unhealthy state -> safety_table "C4"
 //!  C5  Can't ... target etcd cluster will be in unhealthy state -> safety_table "C5"
-//!  E1..E15, E17..E21 (removal cases, by name in safety_table) -> safety_table; E16 (add cases) are scale-up: not here
+//!  E1..E15, E17..E21 (removal cases, by name in safety_table) -> safety_table; the add-member cases are scale-up: not here
+//!  R1..R11 v1.10 TestCanSafelyRemoveEtcdMember (1 CP; 2 CP without failure / target missing / one failure;
+//!          3 CP without failure / target missing / one failure; 5 CP <2 / 2 failures; 7 CP <3 / 3 failures)
+//!          -> safety_table E1, E2, E3, E4, E5, E6, E7, E10, E12, E13, E15
+//!  v1.10's 44 cases = G1-G5, U1-U3, U5-U26, S1-S3, R1-R11; U4, C*, E8/E9/E11/E14, E17-E21, K* are v1.13's.
 //!  K1, K2 (removal cases) -> safety_table
 //!  G1..G5 -> src/remediation/pick.rs tests (returns_the_machine_with_remediate_machine_annotation_first, ...)
 
@@ -119,6 +123,7 @@ impl Cp {
                     leader: Some(1),
                 }),
                 failure_domains: vec![],
+                pending_topology_version: None,
                 machines,
             },
         }
@@ -311,6 +316,20 @@ fn target_already_deleting_is_skipped() {
     assert_eq!(d.rule, Rule::TargetAlreadyDeleting);
     assert!(matches!(d.outcome, Outcome::Skip { .. }));
     assert_eq!(d.owner_remediated(), None);
+}
+
+#[test]
+fn pending_topology_upgrade_defers() {
+    let mut cp = Cp::new(vec![unhealthy(1), healthy(2), healthy(3)]);
+    cp.view.pending_topology_version = Some("v1.31.1+k3s1".into());
+    let d = cp.decide();
+    assert_waits(
+        &d,
+        "m1",
+        Rule::TopologyUpgradePending,
+        REASON_REMEDIATION_DEFERRED,
+        "waiting for a version upgrade to v1.31.1+k3s1 to be propagated from Cluster.spec.topology",
+    );
 }
 
 // ---- retry limits -----------------------------------------------------------

@@ -59,6 +59,7 @@ fn view(machines: Vec<MachineView>) -> ControlPlaneView {
         remediation_in_progress: None,
         etcd: EtcdState::Observed(Membership { members, leader }),
         failure_domains: vec!["one".into(), "two".into()],
+        pending_topology_version: None,
         machines,
     }
 }

@@ -52,6 +52,7 @@ fn three_machines() -> ControlPlaneView {
             leader: Some(1),
         }),
         failure_domains: vec![],
+        pending_topology_version: None,
         machines: vec![m1, machine(2), machine(3)],
     }
 }

@@ -34,6 +34,7 @@ pub enum Rule {
     NoMachineToRemediate,
     TargetAlreadyDeleting,
     AnotherRemediationInProgress,
+    TopologyUpgradePending,
     RetryPeriodNotExpired,
     MaxRetryReached,
     TooFewMachines,
@@ -52,6 +53,7 @@ impl Rule {
             Rule::NoMachineToRemediate => "no-machine-to-remediate",
             Rule::TargetAlreadyDeleting => "target.already-deleting",
             Rule::AnotherRemediationInProgress => "in-progress.another-remediation",
+            Rule::TopologyUpgradePending => "topology.upgrade-pending",
             Rule::RetryPeriodNotExpired => "retry.period-not-expired",
             Rule::MaxRetryReached => "retry.max-retry-reached",
             Rule::TooFewMachines => "initialized.too-few-machines",
@@ -72,9 +74,10 @@ impl Rule {
             Rule::NoMachineToRemediate
             | Rule::TargetAlreadyDeleting
             | Rule::AnotherRemediationInProgress => None,
-            Rule::RetryPeriodNotExpired | Rule::MachineProvisioning | Rule::MachineDeleting => {
-                Some(REASON_REMEDIATION_DEFERRED)
-            }
+            Rule::TopologyUpgradePending
+            | Rule::RetryPeriodNotExpired
+            | Rule::MachineProvisioning
+            | Rule::MachineDeleting => Some(REASON_REMEDIATION_DEFERRED),
             Rule::MaxRetryReached
             | Rule::TooFewMachines
             | Rule::NoHealthyControlPlaneLeft
@@ -273,6 +276,16 @@ fn decide_outcome(
                 message: message.clone(),
             },
             message,
+        );
+    }
+
+    if let Some(version) = &view.pending_topology_version {
+        return wait(
+            Rule::TopologyUpgradePending,
+            target,
+            format!(
+                "KThreesControlPlane can't remediate while waiting for a version upgrade to {version} to be propagated from Cluster.spec.topology"
+            ),
         );
     }
 

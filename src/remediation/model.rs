@@ -266,6 +266,9 @@ pub struct ControlPlaneView {
     pub etcd: EtcdState,
     /// Failure domains the Cluster offers to control-plane machines.
     pub failure_domains: Vec<String>,
+    /// `Cluster.spec.topology.version` when it differs from the KCP's
+    /// `spec.version` (ClusterClass clusters): an upgrade is still to be propagated.
+    pub pending_topology_version: Option<String>,
     pub machines: Vec<MachineView>,
 }
 

@@ -124,6 +124,7 @@ mod tests {
                 leader: None,
             }),
             failure_domains: vec![],
+            pending_topology_version: None,
             machines,
         }
     }
