@@ -1,0 +1,374 @@
+//! The plain, observed world the remediation rules decide on.
+//!
+//! The controller maps API objects (KThreesControlPlane, Machines, the etcd
+//! membership snapshot and its member <-> Machine mapping) into these types; the
+//! rules never see an API object, a client or a clock.
+
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::quorum::MemberView;
+
+/// On the KThreesControlPlane: the remediation started and not yet completed by
+/// the creation of a replacement Machine (JSON [`RemediationData`]).
+pub const REMEDIATION_IN_PROGRESS_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/remediation-in-progress";
+/// On a replacement Machine: the remediation it replaces (JSON [`RemediationData`]).
+pub const REMEDIATION_FOR_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/remediation-for";
+/// On a Machine: a user asks for this machine to be remediated first.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+/// On a Machine: a user asks for this machine to be removed first on scale-down.
+pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
+/// Prefix CAPI recognises for pre-terminate hooks.
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+/// Our pre-terminate hook: CAPI keeps the Machine (and its node's kubelet) until
+/// we removed its etcd member and released this annotation.
+pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
+    "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
+/// CAPI's default for `remediationStrategy.minHealthyPeriod`.
+pub const DEFAULT_MIN_HEALTHY_PERIOD: Duration = Duration::from_secs(3600);
+
+/// A remediation as recorded in the `remediation-in-progress` / `remediation-for`
+/// annotations, e.g. `{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":0}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationData {
+    /// The machine being (or last) remediated.
+    pub machine: String,
+    /// When the remediation happened; `None` when the annotation carries a null
+    /// timestamp (CAPI writes that for a zero time), which counts as long ago.
+    #[serde(
+        serialize_with = "serialize_timestamp",
+        deserialize_with = "deserialize_timestamp"
+    )]
+    pub timestamp: Option<DateTime<Utc>>,
+    /// How many times in a row a replacement of this machine failed again.
+    #[serde(default)]
+    pub retry_count: u32,
+}
+
+fn serialize_timestamp<S: Serializer>(
+    value: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    // Kubernetes metav1.Time: RFC 3339, seconds precision, UTC "Z".
+    match value {
+        Some(t) => serializer.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Secs, true)),
+        None => serializer.serialize_none(),
+    }
+}
+
+fn deserialize_timestamp<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<DateTime<Utc>>, D::Error> {
+    let raw: Option<String> = Option::deserialize(deserializer)?;
+    match raw.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => DateTime::parse_from_rfc3339(s)
+            .map(|t| Some(t.with_timezone(&Utc)))
+            .map_err(serde::de::Error::custom),
+    }
+}
+
+/// Bad observed input, named by object and field.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ModelError {
+    #[error(
+        "{object}: annotation {annotation} is not valid remediation data ({reason}): {value:?}"
+    )]
+    InvalidRemediationData {
+        object: String,
+        annotation: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+impl RemediationData {
+    /// Parse an annotation value; `object` and `annotation` name it in the error.
+    pub fn parse(value: &str, object: &str, annotation: &'static str) -> Result<Self, ModelError> {
+        serde_json::from_str(value).map_err(|err| ModelError::InvalidRemediationData {
+            object: object.to_string(),
+            annotation,
+            value: value.to_string(),
+            reason: err.to_string(),
+        })
+    }
+
+    /// The annotation value.
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).expect("RemediationData always serializes")
+    }
+}
+
+/// `spec.remediationStrategy`, defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemediationStrategy {
+    /// `None`: retry forever.
+    pub max_retry: Option<u32>,
+    /// Zero: retry immediately.
+    pub retry_period: Duration,
+    /// After this long healthy, a machine's failure starts a new retry sequence.
+    pub min_healthy_period: Duration,
+}
+
+impl Default for RemediationStrategy {
+    fn default() -> Self {
+        Self {
+            max_retry: None,
+            retry_period: Duration::ZERO,
+            min_healthy_period: DEFAULT_MIN_HEALTHY_PERIOD,
+        }
+    }
+}
+
+/// The real etcd membership as observed (members probed one by one).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Membership {
+    pub members: Vec<MemberView>,
+    /// The leader's member id, if a leader was observed.
+    pub leader: Option<u64>,
+}
+
+impl Membership {
+    pub fn member(&self, id: u64) -> Option<&MemberView> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    /// A voter that answered its probe without alarms: fit to take leadership.
+    pub fn is_healthy_voter(&self, id: u64) -> bool {
+        self.member(id)
+            .is_some_and(|m| !m.learner && !m.name.is_empty() && m.unhealthy_reason().is_none())
+    }
+}
+
+/// What we know of the workload cluster's etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdState {
+    /// No `<cluster>-etcd` Secret: etcd is not ours to touch.
+    NotManaged,
+    /// Managed, but the membership could not be read; nothing may be removed.
+    Unreachable { reason: String },
+    /// Managed and observed.
+    Observed(Membership),
+}
+
+/// One control-plane Machine as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineView {
+    pub name: String,
+    pub created: DateTime<Utc>,
+    /// `metadata.deletionTimestamp`.
+    pub deleting: Option<DateTime<Utc>>,
+    /// `status.nodeRef.name`.
+    pub node_ref: Option<String>,
+    pub failure_domain: Option<String>,
+    /// Condition `HealthCheckSucceeded` (None: not set).
+    pub health_check_succeeded: Option<bool>,
+    /// Condition `OwnerRemediated` (None: not set).
+    pub owner_remediated: Option<bool>,
+    /// The MHC uses external remediation for this machine (condition
+    /// `ExternallyRemediated` present): never ours.
+    pub externally_remediated: bool,
+    /// Annotation `cluster.x-k8s.io/remediate-machine` present.
+    pub remediate_requested: bool,
+    /// Annotation `remediation-for`, parsed.
+    pub remediation_for: Option<RemediationData>,
+    /// Annotation `cluster.x-k8s.io/delete-machine` present.
+    pub delete_requested: bool,
+    /// The machine needs rollout (spec differs from the KCP's).
+    pub outdated: bool,
+    /// Its etcd member, from the mapping; `None`: no member (`--disable-etcd`,
+    /// or its member never joined).
+    pub etcd_member: Option<u64>,
+    /// API server / controller manager / scheduler conditions; `None`: unknown.
+    pub components_healthy: Option<bool>,
+    /// Our pre-terminate hook annotation is on the Machine.
+    pub has_our_hook: bool,
+    /// The etcd member recorded in our hook's value when it was added (see
+    /// [`super::steps::hook_value`]), so the member to remove survives the
+    /// Node and its mapping going away.
+    pub hook_member: Option<u64>,
+    /// Other pre-terminate hooks (other owners) still on the Machine.
+    pub other_pre_terminate_hooks: Vec<String>,
+    /// CAPI reports it drained the node and waits on pre-terminate hooks
+    /// (v1beta2 `Deleting=True` reason `WaitingForPreTerminateHook`; v1beta1
+    /// `PreTerminateDeleteHookSucceeded=False`).
+    pub waiting_for_pre_terminate_hook: bool,
+}
+
+impl MachineView {
+    /// A new, healthy-by-default machine (for tests and simple mappings).
+    pub fn new(name: &str, created: DateTime<Utc>) -> Self {
+        Self {
+            name: name.to_string(),
+            created,
+            deleting: None,
+            node_ref: Some(format!("node-{name}")),
+            failure_domain: None,
+            health_check_succeeded: None,
+            owner_remediated: None,
+            externally_remediated: false,
+            remediate_requested: false,
+            remediation_for: None,
+            delete_requested: false,
+            outdated: false,
+            etcd_member: None,
+            components_healthy: None,
+            has_our_hook: false,
+            hook_member: None,
+            other_pre_terminate_hooks: Vec::new(),
+            waiting_for_pre_terminate_hook: false,
+        }
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.deleting.is_some()
+    }
+
+    /// Marked unhealthy by a MachineHealthCheck (whoever remediates it).
+    pub fn is_mhc_unhealthy(&self) -> bool {
+        self.health_check_succeeded == Some(false)
+    }
+
+    /// Ours to remediate: `HealthCheckSucceeded=False` and `OwnerRemediated=False`.
+    pub fn needs_owner_remediation(&self) -> bool {
+        !self.externally_remediated
+            && self.health_check_succeeded == Some(false)
+            && self.owner_remediated == Some(false)
+    }
+
+    /// A left-over `OwnerRemediated=False` on a machine that recovered.
+    pub fn has_stale_owner_remediated(&self) -> bool {
+        !self.is_deleting()
+            && self.health_check_succeeded == Some(true)
+            && self.owner_remediated == Some(false)
+    }
+
+    /// Sort key "oldest first, then name".
+    pub fn age_key(&self) -> (DateTime<Utc>, &str) {
+        (self.created, &self.name)
+    }
+}
+
+/// One KThreesControlPlane and everything the rules need about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlPlaneView {
+    pub name: String,
+    /// `status.initialized` / `status.initialization.controlPlaneInitialized`.
+    pub initialized: bool,
+    pub desired_replicas: u32,
+    pub strategy: RemediationStrategy,
+    /// Annotation `remediation-in-progress`, parsed.
+    pub remediation_in_progress: Option<RemediationData>,
+    pub etcd: EtcdState,
+    /// Failure domains the Cluster offers to control-plane machines.
+    pub failure_domains: Vec<String>,
+    /// `Cluster.spec.topology.version` when it differs from the KCP's
+    /// `spec.version` (ClusterClass clusters): an upgrade is still to be propagated.
+    pub pending_topology_version: Option<String>,
+    pub machines: Vec<MachineView>,
+}
+
+impl ControlPlaneView {
+    pub fn machine(&self, name: &str) -> Option<&MachineView> {
+        self.machines.iter().find(|m| m.name == name)
+    }
+
+    pub fn membership(&self) -> Option<&Membership> {
+        match &self.etcd {
+            EtcdState::Observed(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn etcd_managed(&self) -> bool {
+        !matches!(self.etcd, EtcdState::NotManaged)
+    }
+
+    /// The machine's member as observed in the membership (a mapped id that is
+    /// no longer a member counts as no member).
+    pub fn member_of(&self, machine: &MachineView) -> Option<&MemberView> {
+        let id = machine.etcd_member?;
+        self.membership()?.member(id)
+    }
+
+    /// The machine's etcd member is unhealthy (probe error or alarm); a machine
+    /// without a member has no etcd problem we could see.
+    pub fn etcd_member_unhealthy(&self, machine: &MachineView) -> bool {
+        self.member_of(machine)
+            .is_some_and(|m| m.unhealthy_reason().is_some())
+    }
+}
+
+/// Go's `time.Duration` notation ("1h0m0s", "5m0s", "30s"), as CAPI prints it.
+pub fn format_duration(d: Duration) -> String {
+    let total = d.as_secs();
+    let millis = d.subsec_millis();
+    let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
+    let secs = if millis == 0 {
+        format!("{s}s")
+    } else {
+        let fraction = format!("{millis:03}");
+        format!("{s}.{}s", fraction.trim_end_matches('0'))
+    };
+    if h > 0 {
+        format!("{h}h{m}m{secs}")
+    } else if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn remediation_data_round_trips_the_capi_json() {
+        let value = r#"{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":0}"#;
+        let data = RemediationData::parse(value, "kcp/cp", REMEDIATION_FOR_ANNOTATION).unwrap();
+        assert_eq!(
+            data,
+            RemediationData {
+                machine: "m1".into(),
+                timestamp: Some(Utc.with_ymd_and_hms(2024, 5, 1, 10, 0, 0).unwrap()),
+                retry_count: 0,
+            }
+        );
+        assert_eq!(data.to_annotation(), value);
+    }
+
+    #[test]
+    fn a_null_timestamp_is_accepted_as_unknown() {
+        let data = RemediationData::parse(
+            r#"{"machine":"m1","timestamp":null,"retryCount":2}"#,
+            "machine/m2",
+            REMEDIATION_FOR_ANNOTATION,
+        )
+        .unwrap();
+        assert_eq!(data.timestamp, None);
+        assert_eq!(data.retry_count, 2);
+    }
+
+    #[test]
+    fn bad_remediation_data_names_object_and_annotation() {
+        let err = RemediationData::parse("{nope", "kcp/cp", REMEDIATION_IN_PROGRESS_ANNOTATION)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("kcp/cp: annotation controlplane.cluster.x-k8s.io/remediation-in-progress is not valid remediation data"), "{msg}");
+    }
+
+    #[test]
+    fn durations_print_like_go() {
+        assert_eq!(format_duration(Duration::from_secs(3600)), "1h0m0s");
+        assert_eq!(format_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::ZERO), "0s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+    }
+}

@@ -1,0 +1,481 @@
+//! The resumable removal: walk every intermediate state of a removal in a
+//! simulated world and check that each state maps to exactly one next step, that
+//! a restart after any step (in-memory state thrown away, rebuilt from what is
+//! observable) resumes with the next step, and that re-running a finished step
+//! changes nothing.
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use k3s_control_plane::quorum::MemberView;
+use k3s_control_plane::remediation::steps::{hook_value, parse_hook_value, resume};
+use k3s_control_plane::remediation::{
+    ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationData,
+    RemediationStrategy, Removal, RemovalKind, Step, WaitReason, decide, next_step,
+};
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap()
+}
+
+fn machine(i: u64) -> MachineView {
+    let mut m = MachineView::new(
+        &format!("m{i}"),
+        now() - Duration::hours(3) + Duration::minutes(i as i64),
+    );
+    m.etcd_member = Some(i);
+    m.components_healthy = Some(true);
+    m
+}
+
+fn member(id: u64) -> MemberView {
+    MemberView {
+        id,
+        name: format!("node-m{id}-{id:08x}"),
+        learner: false,
+        probe_error: None,
+        alarms: vec![],
+    }
+}
+
+/// Three machines, m1 MHC-unhealthy and leading etcd.
+fn three_machines() -> ControlPlaneView {
+    let mut m1 = machine(1);
+    m1.health_check_succeeded = Some(false);
+    m1.owner_remediated = Some(false);
+    ControlPlaneView {
+        name: "cp".into(),
+        initialized: true,
+        desired_replicas: 3,
+        strategy: RemediationStrategy::default(),
+        remediation_in_progress: None,
+        etcd: EtcdState::Observed(Membership {
+            members: vec![member(1), member(2), member(3)],
+            leader: Some(1),
+        }),
+        failure_domains: vec![],
+        pending_topology_version: None,
+        machines: vec![m1, machine(2), machine(3)],
+    }
+}
+
+fn membership(view: &mut ControlPlaneView) -> &mut Membership {
+    match &mut view.etcd {
+        EtcdState::Observed(m) => m,
+        _ => panic!("etcd not observed"),
+    }
+}
+
+fn target<'a>(view: &'a mut ControlPlaneView, name: &str) -> Option<&'a mut MachineView> {
+    view.machines.iter_mut().find(|m| m.name == name)
+}
+
+/// Execute `step` in the simulated world, including what CAPI and etcd do on
+/// their own while we wait. Steps are "ensure" operations: executing one whose
+/// effect is already there changes nothing.
+fn apply(view: &mut ControlPlaneView, removal: &Removal, step: &Step) {
+    let name = removal.machine.clone();
+    match step {
+        Step::RecordRemediation { value } => view.remediation_in_progress = Some(value.clone()),
+        Step::AddHook { member, .. } => {
+            let m = target(view, &name).unwrap();
+            m.has_our_hook = true;
+            m.hook_member = *member;
+        }
+        Step::MoveLeadership { from, to } => {
+            let ms = membership(view);
+            // MoveLeader sent to a member that no longer leads fails ("not leader"): no change.
+            if ms.leader == Some(*from) {
+                ms.leader = Some(*to);
+            }
+        }
+        Step::DeleteMachine { .. } => {
+            let m = target(view, &name).unwrap();
+            m.deleting.get_or_insert(now());
+        }
+        Step::RemoveMember { member, via, .. } => {
+            let ms = membership(view);
+            assert_ne!(member, via, "MemberRemove must go to a member that stays");
+            assert!(ms.member(*via).is_some());
+            // Removing an absent member is "member not found": treated as done.
+            ms.members.retain(|m| m.id != *member);
+        }
+        Step::ReleaseHook { .. } => {
+            if let Some(m) = target(view, &name) {
+                m.has_our_hook = false;
+            }
+        }
+        Step::CreateReplacement { remediation_for } => {
+            if !view
+                .machines
+                .iter()
+                .any(|m| m.remediation_for.as_ref() == Some(remediation_for))
+            {
+                let mut m = MachineView::new("m1-replacement", now() + Duration::minutes(5));
+                m.remediation_for = Some(remediation_for.clone());
+                view.machines.push(m);
+            }
+        }
+        Step::ClearRemediationInProgress => view.remediation_in_progress = None,
+        // What the rest of the world does while we wait.
+        Step::Wait { reason, .. } => match reason {
+            WaitReason::Drain => target(view, &name).unwrap().waiting_for_pre_terminate_hook = true,
+            WaitReason::MachineGoing => view.machines.retain(|m| m.name != name),
+            other => panic!("unexpected wait {other:?} in a clean run"),
+        },
+        Step::Done => {}
+    }
+}
+
+/// The controller after a restart: it knows only what it observes.
+fn rebuild(view: &ControlPlaneView) -> Option<Removal> {
+    resume(view)
+}
+
+/// Walk a removal to Done; returns the step names and the states before each step.
+fn walk(
+    mut view: ControlPlaneView,
+    removal: Removal,
+) -> (Vec<&'static str>, Vec<(ControlPlaneView, Step)>) {
+    let mut names = Vec::new();
+    let mut trace = Vec::new();
+    for _ in 0..30 {
+        let step = next_step(&view, &removal);
+        names.push(step.name());
+        trace.push((view.clone(), step.clone()));
+        if step == Step::Done {
+            return (names, trace);
+        }
+        apply(&mut view, &removal, &step);
+    }
+    panic!("no progress: {names:?}");
+}
+
+fn remediation_of_m1(view: &ControlPlaneView) -> Removal {
+    let d = decide(view, now());
+    let Outcome::Remediate(r) = d.outcome else {
+        panic!("{}", d.message)
+    };
+    assert_eq!(r.machine, "m1");
+    Removal {
+        machine: r.machine,
+        kind: RemovalKind::Remediation { record: r.retry },
+    }
+}
+
+/// Check the crash property on a trace: after executing step k, a rebuilt
+/// controller computes step k+1; re-running step k changes nothing.
+fn assert_resumable(trace: &[(ControlPlaneView, Step)], removal: &Removal) {
+    for k in 0..trace.len() - 1 {
+        let (before, step) = &trace[k];
+        let (after, next) = &trace[k + 1];
+        let mut replay = before.clone();
+        apply(&mut replay, removal, step);
+        assert_eq!(&replay, after, "the trace is the world's own history");
+        let resumed = match rebuild(after) {
+            Some(restarted) => next_step(after, &restarted),
+            None => Step::Done,
+        };
+        assert_eq!(
+            &resumed,
+            next,
+            "crash after step {k} ({}) must resume with {}",
+            step.name(),
+            next.name()
+        );
+        if !matches!(step, Step::Wait { .. }) {
+            let mut again = after.clone();
+            apply(&mut again, removal, step);
+            assert_eq!(&again, after, "re-running {} must be a no-op", step.name());
+            assert_ne!(next, step, "{} must not be repeated", step.name());
+        }
+    }
+}
+
+#[test]
+fn mhc_remediation_of_the_leader_runs_every_step_once() {
+    let view = three_machines();
+    let removal = remediation_of_m1(&view);
+    let (names, trace) = walk(view, removal.clone());
+    assert_eq!(
+        names,
+        [
+            "record-remediation",
+            "add-hook",
+            "move-leadership",
+            "delete-machine",
+            "wait",
+            "remove-member",
+            "release-hook",
+            "wait",
+            "create-replacement",
+            "clear-remediation-in-progress",
+            "done"
+        ]
+    );
+    assert_eq!(
+        trace[1].1,
+        Step::AddHook {
+            machine: "m1".into(),
+            member: Some(1)
+        }
+    );
+    assert_eq!(trace[2].1, Step::MoveLeadership { from: 1, to: 3 });
+    let Step::RemoveMember {
+        member,
+        via,
+        assessment,
+    } = &trace[5].1
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (*member, *via),
+        (1, 3),
+        "sent to the new leader, which stays"
+    );
+    assert_eq!(
+        (assessment.voters, assessment.healthy, assessment.size),
+        (2, 2, 2)
+    );
+    let Step::CreateReplacement { remediation_for } = &trace[8].1 else {
+        panic!()
+    };
+    assert_eq!(remediation_for.machine, "m1");
+    assert_resumable(&trace, &removal);
+}
+
+#[test]
+fn scale_down_runs_the_same_steps_without_record_and_replacement() {
+    let mut view = three_machines();
+    view.machines[0].health_check_succeeded = None;
+    view.machines[0].owner_remediated = None;
+    membership(&mut view).leader = Some(2);
+    let removal = Removal {
+        machine: "m1".into(),
+        kind: RemovalKind::ScaleDown,
+    };
+    let (names, trace) = walk(view, removal.clone());
+    assert_eq!(
+        names,
+        [
+            "add-hook",
+            "delete-machine",
+            "wait",
+            "remove-member",
+            "release-hook",
+            "done"
+        ]
+    );
+    assert_resumable(&trace, &removal);
+}
+
+#[test]
+fn a_node_without_etcd_gets_no_etcd_step() {
+    let mut view = three_machines();
+    view.machines[0].etcd_member = None;
+    membership(&mut view).members.retain(|m| m.id != 1);
+    membership(&mut view).leader = Some(2);
+    let removal = remediation_of_m1(&view);
+    let (names, trace) = walk(view, removal.clone());
+    assert_eq!(
+        names,
+        [
+            "record-remediation",
+            "add-hook",
+            "delete-machine",
+            "wait",
+            "release-hook",
+            "wait",
+            "create-replacement",
+            "clear-remediation-in-progress",
+            "done"
+        ]
+    );
+    assert_eq!(
+        trace[1].1,
+        Step::AddHook {
+            machine: "m1".into(),
+            member: None
+        }
+    );
+    assert_resumable(&trace, &removal);
+}
+
+#[test]
+fn not_initialized_control_plane_gets_no_etcd_step() {
+    let mut view = three_machines();
+    view.initialized = false;
+    view.machines.truncate(1);
+    membership(&mut view).members.truncate(1);
+    let removal = remediation_of_m1(&view);
+    let (names, _) = walk(view, removal);
+    assert!(
+        !names.contains(&"remove-member") && !names.contains(&"move-leadership"),
+        "{names:?}"
+    );
+}
+
+/// A state at step 5 (CAPI drained, waiting on hooks), for the wait cases.
+fn drained() -> (ControlPlaneView, Removal) {
+    let mut view = three_machines();
+    let removal = remediation_of_m1(&view);
+    let RemovalKind::Remediation { record } = &removal.kind else {
+        unreachable!()
+    };
+    view.remediation_in_progress = Some(record.clone());
+    let m1 = &mut view.machines[0];
+    m1.has_our_hook = true;
+    m1.hook_member = Some(1);
+    m1.deleting = Some(now());
+    m1.waiting_for_pre_terminate_hook = true;
+    membership(&mut view).leader = Some(3);
+    (view, removal)
+}
+
+#[track_caller]
+fn assert_wait(step: Step, reason: WaitReason, text: &str) {
+    match step {
+        Step::Wait { reason: r, message } => {
+            assert_eq!(r, reason, "{message}");
+            assert!(
+                message.contains(text),
+                "{message:?} does not contain {text:?}"
+            );
+        }
+        other => panic!("expected wait {reason:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn member_is_removed_only_after_drain() {
+    let (mut view, removal) = drained();
+    view.machines[0].waiting_for_pre_terminate_hook = false;
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::Drain,
+        "CAPI is draining m1",
+    );
+}
+
+#[test]
+fn other_pre_terminate_hooks_run_first() {
+    let (mut view, removal) = drained();
+    view.machines[0].other_pre_terminate_hooks =
+        vec!["pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup".into()];
+    assert_wait(next_step(&view, &removal), WaitReason::OtherHooks, "backup");
+}
+
+#[test]
+fn the_oldest_deleting_machine_goes_first() {
+    let (mut view, removal) = drained();
+    view.machines[2].deleting = Some(now() - Duration::minutes(1));
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::OlderDeletion,
+        "m3 was marked for deletion before m1",
+    );
+    // Same timestamp: the name decides, deterministically.
+    view.machines[2].deleting = Some(now());
+    assert!(matches!(
+        next_step(&view, &removal),
+        Step::RemoveMember { .. }
+    ));
+}
+
+#[test]
+fn leadership_that_came_back_is_moved_again() {
+    let (mut view, removal) = drained();
+    membership(&mut view).leader = Some(1);
+    assert_eq!(
+        next_step(&view, &removal),
+        Step::MoveLeadership { from: 1, to: 3 }
+    );
+}
+
+#[test]
+fn leadership_back_without_transferee_waits() {
+    let (mut view, removal) = drained();
+    membership(&mut view).leader = Some(1);
+    for m in &mut view.machines[1..] {
+        m.health_check_succeeded = Some(false);
+    }
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::NoTransferee,
+        "no healthy etcd member to take leadership",
+    );
+}
+
+#[test]
+fn quorum_is_checked_again_before_member_removal() {
+    let (mut view, removal) = drained();
+    membership(&mut view).members[1].probe_error = Some("connection refused".into());
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::QuorumAtRisk,
+        "removing node-m1-00000001 would leave 1 of 2 voters healthy, quorum needs 2",
+    );
+    // The member recovers: removal proceeds.
+    membership(&mut view).members[1].probe_error = None;
+    assert!(matches!(
+        next_step(&view, &removal),
+        Step::RemoveMember {
+            member: 1,
+            via: 3,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn unreadable_membership_waits_instead_of_guessing() {
+    let (mut view, removal) = drained();
+    view.etcd = EtcdState::Unreachable {
+        reason: "context deadline exceeded".into(),
+    };
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::EtcdUnreachable,
+        "context deadline exceeded",
+    );
+}
+
+#[test]
+fn the_recorded_member_is_removed_even_after_the_mapping_is_lost() {
+    // The Node (and with it the member <-> machine mapping) is gone after drain;
+    // the member recorded in our hook is still removed before the hook is released.
+    let (mut view, removal) = drained();
+    view.machines[0].etcd_member = None;
+    view.machines[0].node_ref = None;
+    assert!(matches!(
+        next_step(&view, &removal),
+        Step::RemoveMember { member: 1, .. }
+    ));
+}
+
+#[test]
+fn another_remediation_recorded_blocks() {
+    let (mut view, removal) = drained();
+    view.remediation_in_progress = Some(RemediationData {
+        machine: "m9".into(),
+        timestamp: Some(now()),
+        retry_count: 0,
+    });
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::AnotherRemediation,
+        "m9",
+    );
+}
+
+#[test]
+fn hook_value_round_trips_and_rejects_garbage() {
+    assert_eq!(hook_value(Some(0x1a2b)), "member=1a2b");
+    assert_eq!(parse_hook_value("member=1a2b"), Ok(Some(0x1a2b)));
+    assert_eq!(hook_value(None), "");
+    assert_eq!(parse_hook_value(""), Ok(None));
+    let err = parse_hook_value("yes").unwrap_err();
+    assert!(
+        err.contains("pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane"),
+        "{err}"
+    );
+}
