@@ -100,7 +100,7 @@ pub struct KThreesControlPlaneMachineTemplate {
 pub struct RemediationStrategy {
     /// Retries of one remediation sequence; unset = forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 1").message("spec.remediationStrategy.maxRetry: must not be negative"))]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediationStrategy.maxRetry: must not be negative"))]
     pub max_retry: Option<i32>,
     /// Wait before remediating a replacement machine again; unset = immediately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
