@@ -169,6 +169,17 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             "{rule:?}: no CEL rule with message '{prefix}…' containing {expected_fragment:?}"
         );
     }
+    // The CEL patterns are the validator's patterns (escaped for a CEL string).
+    let cel_escaped = |pattern: &str| format!("self.matches('{}')", pattern.replace('\\', "\\\\"));
+    let duration = cel_escaped(k3s_control_plane::api::refs::GO_DURATION_PATTERN);
+    assert_eq!(
+        rules.iter().filter(|(r, _)| r.contains(&duration)).count(),
+        2,
+        "{duration}"
+    );
+    let version = cel_escaped(k3s_control_plane::api::kcp::K3S_VERSION_PATTERN);
+    assert!(rules.iter().any(|(r, _)| r == &version), "{version}");
+
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["required"], serde_json::json!(["version"]));
     assert_eq!(spec["properties"]["replicas"]["default"], 1);

@@ -153,6 +153,25 @@ fn cases() -> Vec<Case> {
             &[Rule::MinHealthyPeriodDuration],
         ),
         (
+            "retry_period_unit_without_number",
+            |k| strategy(k).retry_period = Some(GoDuration::new("h")),
+            &[Rule::RetryPeriodDuration],
+        ),
+        (
+            "min_healthy_period_empty",
+            |k| strategy(k).min_healthy_period = Some(GoDuration::new("")),
+            &[Rule::MinHealthyPeriodDuration],
+        ),
+        (
+            "fractional_and_compound_durations",
+            |k| {
+                let s = strategy(k);
+                s.retry_period = Some(GoDuration::new(".5h"));
+                s.min_healthy_period = Some(GoDuration::new("1h30m15.5s"));
+            },
+            &[],
+        ),
+        (
             "several_problems_at_once",
             |k| {
                 k.spec.version = "latest".into();

@@ -12,9 +12,6 @@ use super::bootstrap::KThreesConfigSpec;
 use super::conditions::V1Beta1Condition;
 use super::refs::{GoDuration, TemplateMeta};
 
-/// Go duration syntax; CEL `duration()` would fail on anything else, and a
-/// failing rule reports a confusing evaluation error instead of our message.
-pub const GO_DURATION_PATTERN: &str = r"^[-+]?([0-9]*(\.[0-9]*)?(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$";
 /// k3s release versions: `v1.30.2+k3s2`, pre-releases `v1.31.0-rc1+k3s1`.
 pub const K3S_VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?\+k3s\d+$";
 
@@ -104,11 +101,11 @@ pub struct RemediationStrategy {
     pub max_retry: Option<i32>,
     /// Wait before remediating a replacement machine again; unset = immediately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?([0-9]*(\\.[0-9]*)?(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.retryPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.retryPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
     pub retry_period: Option<GoDuration>,
     /// After this long a failure starts a new sequence; unset = 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?([0-9]*(\\.[0-9]*)?(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.minHealthyPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.minHealthyPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
     pub min_healthy_period: Option<GoDuration>,
 }
 

@@ -3,8 +3,20 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::LazyLock;
+
+use regex::Regex;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// Go `time.ParseDuration` syntax. The CRD's CEL rules use the same pattern
+/// before calling `duration()`, which would otherwise fail with an evaluation
+/// error instead of our message.
+pub const GO_DURATION_PATTERN: &str =
+    r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$";
+
+static GO_DURATION: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(GO_DURATION_PATTERN).expect("duration pattern compiles"));
 
 /// CAPI v1beta2 reference whose API version comes from the CRD contract labels
 /// (`infrastructureRef`, `bootstrap.configRef`, `controlPlaneRef`).
@@ -49,11 +61,11 @@ pub struct GoDuration(pub String);
 
 /// A Go duration string that does not parse.
 #[derive(Debug, thiserror::Error)]
-#[error("{text:?} is not a duration like 30s, 30m, 1h30m: {source}")]
+#[error("{text:?} is not a duration like 30s, 30m, 1h30m")]
 pub struct DurationParseError {
     pub text: String,
     #[source]
-    pub source: kube::core::duration::ParseError,
+    pub source: Option<kube::core::duration::ParseError>,
 }
 
 impl GoDuration {
@@ -63,9 +75,16 @@ impl GoDuration {
 
     /// Parse with Go `time.ParseDuration` syntax; the result keeps the sign.
     pub fn parse(&self) -> Result<kube::core::Duration, DurationParseError> {
+        // kube's parser is lenient where Go is not (it reads "" as 0s).
+        if !GO_DURATION.is_match(&self.0) {
+            return Err(DurationParseError {
+                text: self.0.clone(),
+                source: None,
+            });
+        }
         self.0.parse().map_err(|source| DurationParseError {
             text: self.0.clone(),
-            source,
+            source: Some(source),
         })
     }
 
@@ -111,6 +130,9 @@ mod tests {
             ("1 hour", None),
             ("1d", None),
             ("h", None),
+            (".5s", Some(Duration::from_millis(500))),
+            ("+5s", Some(Duration::from_secs(5))),
+            ("1h-5m", None),
         ];
         for (text, want) in cases {
             assert_eq!(GoDuration::new(text).non_negative(), want, "{text:?}");
