@@ -220,3 +220,48 @@ fn test_support_crds_cover_the_capi_kinds_we_use() {
         );
     }
 }
+
+/// Structural-schema rules a real API server enforces: every node has a type
+/// (unless it preserves unknown fields or is int-or-string), and `properties`
+/// never sits next to `additionalProperties`.
+fn assert_structural(path: &str, schema: &Value) {
+    let Value::Object(map) = schema else {
+        panic!("{path}: schema is not an object: {schema}");
+    };
+    let preserves = map.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    let int_or_string = map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    assert!(
+        map.contains_key("type") || preserves || int_or_string,
+        "{path}: no type"
+    );
+    assert!(
+        !(map.contains_key("properties") && map.contains_key("additionalProperties")),
+        "{path}: properties and additionalProperties together"
+    );
+    for key in ["anyOf", "oneOf", "allOf", "not"] {
+        assert!(
+            !map.contains_key(key),
+            "{path}: {key} is not structural here"
+        );
+    }
+    if let Some(Value::Object(props)) = map.get("properties") {
+        for (name, sub) in props {
+            assert_structural(&format!("{path}.{name}"), sub);
+        }
+    }
+    if let Some(items) = map.get("items") {
+        assert_structural(&format!("{path}[]"), items);
+    }
+    if let Some(extra @ Value::Object(_)) = map.get("additionalProperties") {
+        assert_structural(&format!("{path}{{}}"), extra);
+    }
+}
+
+#[test]
+fn all_generated_schemas_are_structural() {
+    for crd in crds::ours().into_iter().chain(crds::test_support_crds()) {
+        let value = serde_json::to_value(&crd).unwrap();
+        let schema = &value["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert_structural(&crd.spec.names.kind, schema);
+    }
+}
