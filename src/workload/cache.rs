@@ -136,6 +136,7 @@ impl WorkloadCache {
 
     /// The cached access for `key` if both Secrets are unchanged, else a new one
     /// (which replaces the old). Errors are not cached: the next call retries.
+    #[tracing::instrument(skip(self, secrets), fields(cluster = %key))]
     pub async fn get(
         &self,
         key: &ClusterKey,
@@ -148,6 +149,10 @@ impl WorkloadCache {
             return Ok(entry.access.clone());
         }
         let access = Arc::new(WorkloadAccess::build(key, secrets).await?);
+        tracing::debug!(
+            etcd_managed = matches!(access.etcd, EtcdAccess::Managed(_)),
+            "built workload cluster access"
+        );
         self.entries.lock().expect("cache lock").insert(
             key.clone(),
             Entry {
