@@ -15,8 +15,8 @@ struct Cli {
 enum Command {
     /// Run the controller against a management cluster.
     Run(cli::run::RunArgs),
-    /// Print our CustomResourceDefinitions as YAML.
-    Crds,
+    /// Print our CustomResourceDefinitions as YAML (or write them with --out DIR).
+    Crds(cli::crds::CrdsArgs),
     /// Inspect and operate on a k3s embedded etcd cluster directly.
     Etcd(cli::etcd::EtcdArgs),
     /// Show members, machines, nodes, quorum and the next remediation decision.
@@ -31,7 +31,7 @@ async fn main() -> ExitCode {
     let args = Cli::parse();
     match args.command {
         Command::Run(a) => cli::run::run(a).await,
-        Command::Crds => cli::crds::run(),
+        Command::Crds(a) => cli::crds::run_with(a),
         Command::Etcd(a) => cli::etcd::run(a).await,
         Command::Inspect(a) => cli::inspect::run(a).await,
         Command::Demo(a) => cli::demo::run(a).await,

@@ -1,1 +1,25 @@
-//! See crate docs.
+//! Our CRDs (`KThreesControlPlane`, `KThreesControlPlaneTemplate`), the bootstrap
+//! and Cluster API types we create or read, condition helpers, contract names,
+//! and the validator that repeats the CRD's CEL rules on every reconcile.
+
+pub mod bootstrap;
+pub mod cluster;
+pub mod conditions;
+pub mod crds;
+pub mod kcp;
+pub mod machine;
+pub mod mhc;
+pub mod names;
+pub mod refs;
+pub mod remediation_data;
+pub mod template;
+pub mod validate;
+
+pub use bootstrap::{KThreesConfig, KThreesConfigSpec, KThreesConfigTemplate};
+pub use cluster::Cluster;
+pub use kcp::{KThreesControlPlane, KThreesControlPlaneSpec, KThreesControlPlaneStatus};
+pub use machine::Machine;
+pub use mhc::MachineHealthCheck;
+pub use remediation_data::RemediationData;
+pub use template::KThreesControlPlaneTemplate;
+pub use validate::{ValidationError, ValidationErrors, validate_kcp};

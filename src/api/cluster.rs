@@ -1,0 +1,119 @@
+//! The CAPI `cluster.x-k8s.io/v1beta2` `Cluster` fields we read (references,
+//! initialization, conditions, failure domains); unknown fields are preserved.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::conditions::V1Beta1Condition;
+use super::refs::ContractVersionedObjectReference;
+
+/// Cluster spec (subset).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "Cluster",
+    plural = "clusters",
+    shortname = "cl",
+    category = "cluster-api",
+    namespaced,
+    status = "ClusterStatus",
+    derive = "PartialEq"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSpec {
+    /// Our KThreesControlPlane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_ref: Option<ContractVersionedObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_ref: Option<ContractVersionedObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// Cluster status (subset).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<ClusterInitializationStatus>,
+    /// Failure domains synced from the infrastructure provider.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_domains: Vec<FailureDomain>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<ClusterDeprecatedStatus>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// `status.initialization`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterInitializationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_provisioned: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_initialized: Option<bool>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// One failure domain (v1beta2 is a list keyed by name).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureDomain {
+    pub name: String,
+    /// Whether control-plane machines may be placed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// `status.deprecated`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ClusterDeprecatedStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v1beta1: Option<ClusterV1Beta1DeprecatedStatus>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// `status.deprecated.v1beta1`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ClusterV1Beta1DeprecatedStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<V1Beta1Condition>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+impl Cluster {
+    /// Whether CAPI reports the control plane initialized (v1beta2 contract).
+    pub fn control_plane_initialized(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.control_plane_initialized)
+            .unwrap_or(false)
+    }
+
+    /// Names of failure domains eligible for control-plane machines.
+    pub fn control_plane_failure_domains(&self) -> Vec<&str> {
+        self.status
+            .iter()
+            .flat_map(|s| s.failure_domains.iter())
+            .filter(|fd| fd.control_plane.unwrap_or(false))
+            .map(|fd| fd.name.as_str())
+            .collect()
+    }
+}

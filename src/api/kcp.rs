@@ -1,0 +1,237 @@
+//! `controlplane.cluster.x-k8s.io/v1beta2` `KThreesControlPlane`: our CRD,
+//! field for field compatible with cluster-api-k3s v1beta2, with the CEL rules
+//! that [`super::validate`] enforces again on every reconcile.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::bootstrap::KThreesConfigSpec;
+use super::conditions::V1Beta1Condition;
+use super::refs::{GoDuration, TemplateMeta};
+
+/// k3s release versions: `v1.30.2+k3s2`, pre-releases `v1.31.0-rc1+k3s1`.
+pub const K3S_VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?\+k3s\d+$";
+
+/// Desired state of a k3s control plane.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "KThreesControlPlane",
+    plural = "kthreescontrolplanes",
+    shortname = "ktcp",
+    category = "cluster-api",
+    namespaced,
+    status = "KThreesControlPlaneStatus",
+    derive = "PartialEq",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']","description":"Cluster this control plane belongs to"}"#,
+    printcolumn = r#"{"name":"Initialized","type":"boolean","jsonPath":".status.initialized","description":"Whether the first k3s server has initialized the cluster"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas","description":"Desired number of control-plane machines"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas","description":"Non-terminated control-plane machines"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Ready control-plane machines"}"#,
+    printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.updatedReplicas","description":"Machines with the desired spec"}"#,
+    printcolumn = r#"{"name":"Unavailable","type":"integer","jsonPath":".status.unavailableReplicas","description":"Machines still needed for full capacity"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"Desired k3s version"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new(
+    "!has(self.replicas) || self.replicas < 1 || self.replicas % 2 == 1 || (has(self.kthreesConfigSpec) && has(self.kthreesConfigSpec.serverConfig) && has(self.kthreesConfigSpec.serverConfig.datastoreEndpoint) && self.kthreesConfigSpec.serverConfig.datastoreEndpoint != '')"
+).message("spec.replicas: must be odd while etcd is embedded (an even count adds no fault tolerance); set kthreesConfigSpec.serverConfig.datastoreEndpoint for an external datastore"))]
+#[x_kube(validation = Rule::new(
+    "has(self.machineTemplate) && has(self.machineTemplate.infrastructureRef) && has(self.machineTemplate.infrastructureRef.kind) && self.machineTemplate.infrastructureRef.kind != '' && has(self.machineTemplate.infrastructureRef.name) && self.machineTemplate.infrastructureRef.name != ''"
+).message("spec.machineTemplate.infrastructureRef: required, with kind and name"))]
+#[serde(rename_all = "camelCase")]
+pub struct KThreesControlPlaneSpec {
+    /// Desired control-plane machines (default 1). Odd while etcd is embedded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(default = "default_replicas")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.replicas: must be at least 1"))]
+    pub replicas: Option<i32>,
+    /// Desired k3s version, e.g. `v1.30.2+k3s2`.
+    #[x_kube(validation = Rule::new(r"self.matches('^v\\d+\\.\\d+\\.\\d+(-[0-9A-Za-z.-]+)?\\+k3s\\d+$')").message("spec.version: must look like v1.30.2+k3s2"))]
+    pub version: String,
+    /// k3s configuration for every control-plane machine.
+    #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
+    pub kthrees_config_spec: KThreesConfigSpec,
+    /// Roll out all machines after this time even without spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_after: Option<Time>,
+    /// How control-plane machines are shaped.
+    #[serde(default)]
+    pub machine_template: KThreesControlPlaneMachineTemplate,
+    /// How unhealthy control-plane machines are remediated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_strategy: Option<RemediationStrategy>,
+}
+
+fn default_replicas() -> Option<i32> {
+    Some(1)
+}
+
+/// Shape of control-plane machines.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KThreesControlPlaneMachineTemplate {
+    /// Labels and annotations for the Machines.
+    #[serde(default, skip_serializing_if = "TemplateMeta::is_empty")]
+    pub metadata: TemplateMeta,
+    /// Infrastructure template (required; cluster-api-k3s v1beta2 uses a full
+    /// core/v1 ObjectReference here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_ref: Option<ObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drain_timeout: Option<GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_volume_detach_timeout: Option<GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_deletion_timeout: Option<GoDuration>,
+}
+
+/// How control-plane machine remediation happens.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationStrategy {
+    /// Retries of one remediation sequence; unset = forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediationStrategy.maxRetry: must not be negative"))]
+    pub max_retry: Option<i32>,
+    /// Wait before remediating a replacement machine again; unset = immediately.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.retryPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
+    pub retry_period: Option<GoDuration>,
+    /// After this long a failure starts a new sequence; unset = 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.minHealthyPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
+    pub min_healthy_period: Option<GoDuration>,
+}
+
+/// Default `minHealthyPeriod` (CAPI KCP and cluster-api-k3s).
+pub const DEFAULT_MIN_HEALTHY_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Observed state of a k3s control plane.
+///
+/// Conditions follow the CAPI v1beta2 contract: `conditions` holds metav1
+/// conditions (what CAPI >= v1.11 reads; CAPI v1.10 reads the same fields), and
+/// the CAPI v1beta1-style list lives under `deprecated.v1beta1.conditions`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KThreesControlPlaneStatus {
+    /// Label selector of our Machines, in query-parameter form (scale subresource).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub updated_replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    #[serde(default)]
+    pub unavailable_replicas: i32,
+    /// Lowest k3s version among the machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The first server has initialized the cluster (v1beta1 contract).
+    #[serde(default)]
+    pub initialized: bool,
+    /// The API server answers (v1beta1 contract).
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// metav1 conditions (CAPI v1beta2 contract).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// CAPI v1beta2 contract initialization flags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<ControlPlaneInitializationStatus>,
+    /// The last remediation we performed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_remediation: Option<super::RemediationData>,
+    /// CAPI v1beta1-style fields kept for older readers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<DeprecatedStatus>,
+}
+
+/// `status.initialization` of the CAPI v1beta2 control-plane contract.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneInitializationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_initialized: Option<bool>,
+}
+
+/// `status.deprecated`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct DeprecatedStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v1beta1: Option<V1Beta1DeprecatedStatus>,
+}
+
+/// `status.deprecated.v1beta1`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct V1Beta1DeprecatedStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<V1Beta1Condition>,
+}
+
+impl KThreesControlPlane {
+    /// `spec.replicas` with its default (1) applied.
+    pub fn desired_replicas(&self) -> i32 {
+        self.spec.replicas.unwrap_or(1)
+    }
+
+    /// Whether k3s runs embedded etcd for this control plane.
+    pub fn etcd_is_embedded(&self) -> bool {
+        self.spec.kthrees_config_spec.etcd_is_embedded()
+    }
+
+    /// `minHealthyPeriod`, defaulted to 1h. `None` if the text is invalid.
+    pub fn min_healthy_period(&self) -> Option<std::time::Duration> {
+        match self
+            .spec
+            .remediation_strategy
+            .as_ref()
+            .and_then(|r| r.min_healthy_period.as_ref())
+        {
+            None => Some(DEFAULT_MIN_HEALTHY_PERIOD),
+            Some(d) => d.non_negative(),
+        }
+    }
+
+    /// `retryPeriod`, defaulted to zero. `None` if the text is invalid.
+    pub fn retry_period(&self) -> Option<std::time::Duration> {
+        match self
+            .spec
+            .remediation_strategy
+            .as_ref()
+            .and_then(|r| r.retry_period.as_ref())
+        {
+            None => Some(std::time::Duration::ZERO),
+            Some(d) => d.non_negative(),
+        }
+    }
+
+    /// `maxRetry`; `None` = retry forever.
+    pub fn max_retry(&self) -> Option<i32> {
+        self.spec
+            .remediation_strategy
+            .as_ref()
+            .and_then(|r| r.max_retry)
+    }
+
+    /// metav1 conditions of the status (empty without status).
+    pub fn conditions(&self) -> &[Condition] {
+        self.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,137 @@
+//! Exact label, annotation, condition and reason strings of the Cluster API,
+//! cluster-api-k3s and k3s contracts. One place, so a typo cannot split a contract.
+
+// --- API groups and versions -------------------------------------------------
+
+/// Our API group (shared with cluster-api-k3s so existing manifests apply).
+pub const CONTROLPLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+/// Bootstrap API group of the k3s bootstrap provider.
+pub const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+/// Cluster API core group.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+/// The version we serve and the CAPI core version we read.
+pub const V1BETA2: &str = "v1beta2";
+
+/// CRD label telling CAPI v1.10 (v1beta1 contract) which of our versions to use.
+pub const CONTRACT_LABEL_V1BETA1: &str = "cluster.x-k8s.io/v1beta1";
+/// Value of [`CONTRACT_LABEL_V1BETA1`], as cluster-api-k3s sets it.
+pub const CONTRACT_VALUE_V1BETA1: &str = "v1beta1_v1beta2";
+/// CRD label for the CAPI v1beta2 contract (CAPI >= v1.11).
+pub const CONTRACT_LABEL_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
+/// Value of [`CONTRACT_LABEL_V1BETA2`].
+pub const CONTRACT_VALUE_V1BETA2: &str = "v1beta2";
+
+// --- Labels on Machines and other cluster objects ----------------------------
+
+/// Name of the Cluster an object belongs to.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// Present (value `""`) on every control-plane Machine.
+pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+/// Name of the control plane (our KThreesControlPlane) owning the Machine.
+pub const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+
+// --- Annotations ----------------------------------------------------------------
+
+/// On the KThreesControlPlane while a remediation is between "Machine deleted"
+/// and "replacement created"; value is [`crate::api::RemediationData`] JSON.
+pub const REMEDIATION_IN_PROGRESS_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/remediation-in-progress";
+/// On a replacement Machine: which remediation sequence it belongs to
+/// ([`crate::api::RemediationData`] JSON).
+pub const REMEDIATION_FOR_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/remediation-for";
+/// Set by a user on a Machine to ask for its remediation first.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+/// Set by a user on a Machine to prefer it on scale-down.
+pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
+/// Prefix of pre-terminate delete hooks; CAPI keeps the infrastructure until every
+/// annotation with this prefix is gone.
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+/// Our own pre-terminate hook: held while the etcd member is being removed.
+pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
+    "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
+
+// --- k3s Node labels and annotations --------------------------------------------
+
+/// Exact etcd member name of the Node, written by k3s.
+pub const K3S_ETCD_NODE_NAME_ANNOTATION: &str = "etcd.k3s.cattle.io/node-name";
+/// Address of the Node's etcd member, written by k3s.
+pub const K3S_ETCD_NODE_ADDRESS_ANNOTATION: &str = "etcd.k3s.cattle.io/node-address";
+/// `true` on Nodes running an etcd member.
+pub const NODE_ROLE_ETCD_LABEL: &str = "node-role.kubernetes.io/etcd";
+/// Control-plane Node role label (current name).
+pub const NODE_ROLE_CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Control-plane Node role label (legacy name, still set by k3s).
+pub const NODE_ROLE_MASTER_LABEL: &str = "node-role.kubernetes.io/master";
+
+// --- Secrets ---------------------------------------------------------------------
+
+/// Secret type of CAPI cluster secrets.
+pub const CLUSTER_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+/// Suffix of the workload kubeconfig Secret (`<cluster>-kubeconfig`).
+pub const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
+/// Key of the kubeconfig in its Secret.
+pub const KUBECONFIG_SECRET_KEY: &str = "value";
+/// Suffix of the etcd CA Secret (`<cluster>-etcd`).
+pub const ETCD_CA_SECRET_SUFFIX: &str = "-etcd";
+/// Certificate key of a TLS Secret.
+pub const TLS_CERT_KEY: &str = "tls.crt";
+/// Private key of a TLS Secret.
+pub const TLS_KEY_KEY: &str = "tls.key";
+
+// --- Condition types (v1beta2 metav1 conditions; v1beta1 uses the same type names) ---
+
+/// Set by MachineHealthCheck on every Machine it checks.
+pub const HEALTH_CHECK_SUCCEEDED_CONDITION: &str = "HealthCheckSucceeded";
+/// Set False by MachineHealthCheck when the owner (us) must remediate.
+pub const OWNER_REMEDIATED_CONDITION: &str = "OwnerRemediated";
+/// Set by MachineHealthCheck when an external controller remediates (not ours).
+pub const EXTERNALLY_REMEDIATED_CONDITION: &str = "ExternallyRemediated";
+/// v1beta2 Machine condition describing deletion progress.
+pub const DELETING_CONDITION: &str = "Deleting";
+/// v1beta1 Machine condition: False while waiting on pre-terminate hooks.
+pub const PRE_TERMINATE_DELETE_HOOK_SUCCEEDED_CONDITION: &str = "PreTerminateDeleteHookSucceeded";
+/// Our KThreesControlPlane condition while remediating.
+pub const REMEDIATING_CONDITION: &str = "Remediating";
+/// Ready condition (every object).
+pub const READY_CONDITION: &str = "Ready";
+/// Available condition (v1beta2 contract).
+pub const AVAILABLE_CONDITION: &str = "Available";
+/// Our KThreesControlPlane condition reporting the embedded etcd.
+pub const ETCD_CLUSTER_HEALTHY_CONDITION: &str = "EtcdClusterHealthy";
+/// Machine condition reporting its etcd member.
+pub const ETCD_MEMBER_HEALTHY_CONDITION: &str = "EtcdMemberHealthy";
+
+// --- Reasons ----------------------------------------------------------------------
+
+/// HealthCheckSucceeded=True reason (v1beta2).
+pub const HEALTH_CHECK_SUCCEEDED_REASON: &str = "HealthCheckSucceeded";
+/// HealthCheckSucceeded=False: a Node condition matched an unhealthy rule.
+pub const UNHEALTHY_NODE_REASON: &str = "UnhealthyNode";
+/// HealthCheckSucceeded=False: the Node did not appear in time.
+pub const NODE_STARTUP_TIMEOUT_REASON: &str = "NodeStartupTimeout";
+/// HealthCheckSucceeded=False (v1beta2): the Node was deleted.
+pub const NODE_DELETED_REASON: &str = "NodeDeleted";
+/// HealthCheckSucceeded=False (v1beta1): the Node is gone.
+pub const NODE_NOT_FOUND_V1BETA1_REASON: &str = "NodeNotFound";
+/// HealthCheckSucceeded=False (v1beta2): the remediate-machine annotation is set.
+pub const HAS_REMEDIATE_ANNOTATION_REASON: &str = "HasRemediateAnnotation";
+/// HealthCheckSucceeded=False (v1beta1): the remediate-machine annotation is set.
+pub const HAS_REMEDIATE_MACHINE_ANNOTATION_V1BETA1_REASON: &str = "HasRemediateMachineAnnotation";
+/// OwnerRemediated=False as MachineHealthCheck first sets it.
+pub const WAITING_FOR_REMEDIATION_REASON: &str = "WaitingForRemediation";
+/// OwnerRemediated=False while we remediate.
+pub const REMEDIATION_IN_PROGRESS_REASON: &str = "RemediationInProgress";
+/// OwnerRemediated=False once the Machine is being deleted by us.
+pub const MACHINE_DELETING_REASON: &str = "MachineDeleting";
+/// OwnerRemediated=False: remediation refused for good.
+pub const CANNOT_BE_REMEDIATED_REASON: &str = "CannotBeRemediated";
+/// OwnerRemediated=False: remediation postponed.
+pub const REMEDIATION_DEFERRED_REASON: &str = "RemediationDeferred";
+/// Unexpected failure.
+pub const INTERNAL_ERROR_REASON: &str = "InternalError";
+/// v1beta1 OwnerRemediated=False: remediation failed.
+pub const REMEDIATION_FAILED_V1BETA1_REASON: &str = "RemediationFailed";
+/// v1beta2 Deleting=True reason: CAPI drained and waits on pre-terminate hooks.
+pub const WAITING_FOR_PRE_TERMINATE_HOOK_REASON: &str = "WaitingForPreTerminateHook";
+/// v1beta1 PreTerminateDeleteHookSucceeded=False reason.
+pub const WAITING_EXTERNAL_HOOK_V1BETA1_REASON: &str = "WaitingExternalHook";

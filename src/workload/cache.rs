@@ -1,0 +1,189 @@
+//! One workload client per cluster, keyed by (namespace, cluster) and rebuilt
+//! only when the kubeconfig or etcd Secret changes (uid or resourceVersion), so
+//! a rotated kubeconfig or CA takes effect on the next reconcile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+
+use super::error::Error;
+use super::secrets::{
+    EtcdAccess, etcd_access_from_secret, etcd_secret_name, kubeconfig_from_secret,
+    kubeconfig_secret_name, secret_ref,
+};
+
+/// A workload cluster: namespace and name of its CAPI Cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterKey {
+    pub namespace: String,
+    pub cluster: String,
+}
+
+impl ClusterKey {
+    pub fn new(namespace: impl Into<String>, cluster: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            cluster: cluster.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.cluster)
+    }
+}
+
+/// The two Secrets as read by the caller (`None` = not found).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterSecrets {
+    pub kubeconfig: Option<Secret>,
+    pub etcd: Option<Secret>,
+}
+
+/// Identity of one Secret version.
+type Fingerprint = Option<(Option<String>, Option<String>)>;
+
+fn fingerprint(secret: Option<&Secret>) -> Fingerprint {
+    secret.map(|s| (s.uid(), s.resource_version()))
+}
+
+impl ClusterSecrets {
+    /// Read both Secrets of `key` through `api` (scoped to the cluster's namespace).
+    pub async fn read(api: &Api<Secret>, key: &ClusterKey) -> Result<Self, Error> {
+        let get = |name: String| async move {
+            api.get_opt(&name)
+                .await
+                .map_err(|source| Error::ReadSecret {
+                    secret: format!("{}/{name}", key.namespace),
+                    source,
+                })
+        };
+        Ok(Self {
+            kubeconfig: get(kubeconfig_secret_name(&key.cluster)).await?,
+            etcd: get(etcd_secret_name(&key.cluster)).await?,
+        })
+    }
+
+    fn fingerprints(&self) -> (Fingerprint, Fingerprint) {
+        (
+            fingerprint(self.kubeconfig.as_ref()),
+            fingerprint(self.etcd.as_ref()),
+        )
+    }
+}
+
+/// Everything needed to act on one workload cluster.
+#[derive(Clone)]
+pub struct WorkloadAccess {
+    pub key: ClusterKey,
+    /// Client of the workload cluster's API server.
+    pub client: Client,
+    /// The etcd CA, or "not managed".
+    pub etcd: EtcdAccess,
+}
+
+impl std::fmt::Debug for WorkloadAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkloadAccess")
+            .field("key", &self.key)
+            .field("etcd", &self.etcd)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkloadAccess {
+    /// Build from the Secrets; fails with a typed error naming the Secret and key.
+    pub async fn build(key: &ClusterKey, secrets: &ClusterSecrets) -> Result<Self, Error> {
+        let kubeconfig = secrets
+            .kubeconfig
+            .as_ref()
+            .ok_or_else(|| Error::SecretMissing {
+                secret: format!("{}/{}", key.namespace, kubeconfig_secret_name(&key.cluster)),
+            })?;
+        let config = kubeconfig_from_secret(kubeconfig).await?;
+        let etcd = etcd_access_from_secret(secrets.etcd.as_ref())?;
+        let client = Client::try_from(config).map_err(|source| Error::BuildClient {
+            secret: secret_ref(kubeconfig),
+            source,
+        })?;
+        Ok(Self {
+            key: key.clone(),
+            client,
+            etcd,
+        })
+    }
+}
+
+struct Entry {
+    fingerprints: (Fingerprint, Fingerprint),
+    access: Arc<WorkloadAccess>,
+}
+
+/// Per-cluster cache of [`WorkloadAccess`].
+#[derive(Default)]
+pub struct WorkloadCache {
+    entries: Mutex<HashMap<ClusterKey, Entry>>,
+}
+
+impl WorkloadCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached access for `key` if both Secrets are unchanged, else a new one
+    /// (which replaces the old). Errors are not cached: the next call retries.
+    #[tracing::instrument(skip(self, secrets), fields(cluster = %key))]
+    pub async fn get(
+        &self,
+        key: &ClusterKey,
+        secrets: &ClusterSecrets,
+    ) -> Result<Arc<WorkloadAccess>, Error> {
+        let wanted = secrets.fingerprints();
+        if let Some(entry) = self.entries.lock().expect("cache lock").get(key)
+            && entry.fingerprints == wanted
+        {
+            return Ok(entry.access.clone());
+        }
+        let access = Arc::new(WorkloadAccess::build(key, secrets).await?);
+        tracing::debug!(
+            etcd_managed = matches!(access.etcd, EtcdAccess::Managed(_)),
+            "built workload cluster access"
+        );
+        self.entries.lock().expect("cache lock").insert(
+            key.clone(),
+            Entry {
+                fingerprints: wanted,
+                access: access.clone(),
+            },
+        );
+        Ok(access)
+    }
+
+    /// Read the Secrets through `api` and return the (possibly cached) access.
+    pub async fn get_with_api(
+        &self,
+        api: &Api<Secret>,
+        key: &ClusterKey,
+    ) -> Result<Arc<WorkloadAccess>, Error> {
+        let secrets = ClusterSecrets::read(api, key).await?;
+        self.get(key, &secrets).await
+    }
+
+    /// Drop the entry of `key` (e.g. when the Cluster is deleted).
+    pub fn invalidate(&self, key: &ClusterKey) {
+        self.entries.lock().expect("cache lock").remove(key);
+    }
+
+    /// Number of cached clusters.
+    pub fn len(&self) -> usize {
+        self.entries.lock().expect("cache lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,18 @@
+//! Access to a workload cluster from the management cluster: a `kube::Client`
+//! built from the `<cluster>-kubeconfig` Secret, the etcd CA from the
+//! `<cluster>-etcd` Secret (absent = etcd not managed), the control-plane Nodes
+//! with their k3s etcd annotations, and how each etcd member is reached.
+//!
+//! Parsing is pure and works on Secret and Node objects, so it is unit-tested
+//! without an API server; [`cache::WorkloadCache`] keeps one client per cluster
+//! and rebuilds it only when a Secret's uid or resourceVersion changes.
+
+pub mod cache;
+pub mod error;
+pub mod nodes;
+pub mod secrets;
+
+pub use cache::{ClusterKey, ClusterSecrets, WorkloadAccess, WorkloadCache};
+pub use error::Error;
+pub use nodes::{ControlPlaneNode, ETCD_CLIENT_PORT, EtcdEndpoint, EtcdTransport};
+pub use secrets::{EtcdAccess, EtcdCa};

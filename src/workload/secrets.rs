@@ -1,0 +1,180 @@
+//! Pure parsing of the two Secrets CAPI keeps per cluster: `<cluster>-kubeconfig`
+//! (key `value`) and `<cluster>-etcd` (keys `tls.crt`, `tls.key`).
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use super::error::Error;
+use crate::api::names::{
+    ETCD_CA_SECRET_SUFFIX, KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_SUFFIX, TLS_CERT_KEY,
+    TLS_KEY_KEY,
+};
+
+/// Name of the kubeconfig Secret of `cluster`.
+pub fn kubeconfig_secret_name(cluster: &str) -> String {
+    format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
+}
+
+/// Name of the etcd CA Secret of `cluster`.
+pub fn etcd_secret_name(cluster: &str) -> String {
+    format!("{cluster}{ETCD_CA_SECRET_SUFFIX}")
+}
+
+/// `namespace/name` of a Secret, for messages.
+pub fn secret_ref(secret: &Secret) -> String {
+    format!(
+        "{}/{}",
+        secret.namespace().unwrap_or_default(),
+        secret.name_any()
+    )
+}
+
+fn key_bytes<'a>(secret: &'a Secret, key: &'static str) -> Option<&'a [u8]> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.as_slice())
+}
+
+fn key_text<'a>(secret: &'a Secret, key: &'static str) -> Result<Option<&'a str>, Error> {
+    key_bytes(secret, key)
+        .map(|b| {
+            std::str::from_utf8(b).map_err(|_| Error::NotText {
+                secret: secret_ref(secret),
+                key,
+            })
+        })
+        .transpose()
+}
+
+/// Build a `kube::Config` from the kubeconfig in `secret` (key `value`).
+/// Nothing is contacted: a Client made from it connects on first use.
+pub async fn kubeconfig_from_secret(secret: &Secret) -> Result<kube::Config, Error> {
+    let key = KUBECONFIG_SECRET_KEY;
+    let name = secret_ref(secret);
+    let text = key_text(secret, key)?.ok_or_else(|| Error::KeyMissing {
+        secret: name.clone(),
+        key,
+    })?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| Error::NotKubeconfig {
+        secret: name.clone(),
+        key,
+    })?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::KubeconfigUnusable {
+            secret: name,
+            key,
+            reason: e.to_string(),
+        })
+}
+
+/// The workload cluster's etcd CA: certificate and private key, PEM.
+/// `Debug` shows the certificate only; the key never appears in output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCa {
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl EtcdCa {
+    /// The CA certificate (PEM), also what clients trust for etcd servers.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+    /// The CA private key (PEM), for minting client certificates only.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+}
+
+impl fmt::Debug for EtcdCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCa")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Whether the management cluster manages the workload cluster's etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdAccess {
+    /// No `<cluster>-etcd` Secret: no etcd operations, and status says so.
+    NotManaged,
+    /// The CA that signs k3s's etcd certificates.
+    Managed(EtcdCa),
+}
+
+/// Interpret the `<cluster>-etcd` Secret; `None` (not found) means not managed.
+pub fn etcd_access_from_secret(secret: Option<&Secret>) -> Result<EtcdAccess, Error> {
+    let Some(secret) = secret else {
+        return Ok(EtcdAccess::NotManaged);
+    };
+    let name = secret_ref(secret);
+    let cert_pem = key_text(secret, TLS_CERT_KEY)?.ok_or_else(|| Error::KeyMissing {
+        secret: name.clone(),
+        key: TLS_CERT_KEY,
+    })?;
+    let key_pem = key_text(secret, TLS_KEY_KEY)?.ok_or_else(|| Error::CaKeyMissing {
+        secret: name.clone(),
+        key: TLS_KEY_KEY,
+    })?;
+    let cert_der = first_certificate(cert_pem).ok_or_else(|| Error::CertificateNotPem {
+        secret: name.clone(),
+        key: TLS_CERT_KEY,
+    })?;
+    let (_, cert) =
+        X509Certificate::from_der(&cert_der).map_err(|e| Error::CertificateInvalid {
+            secret: name.clone(),
+            key: TLS_CERT_KEY,
+            reason: e.to_string(),
+        })?;
+    if !cert.is_ca() {
+        return Err(Error::CertificateNotCa {
+            secret: name,
+            key: TLS_CERT_KEY,
+        });
+    }
+    if !has_private_key(key_pem) {
+        return Err(Error::KeyNotPem {
+            secret: name,
+            key: TLS_KEY_KEY,
+        });
+    }
+    // A key that is not the CA's would mint certificates etcd rejects with an
+    // opaque TLS error; say so here instead.
+    let key_pair = rcgen::KeyPair::from_pem(key_pem).map_err(|_| Error::KeyNotPem {
+        secret: name.clone(),
+        key: TLS_KEY_KEY,
+    })?;
+    if key_pair.public_key_raw() != cert.public_key().subject_public_key.data.as_ref() {
+        return Err(Error::KeyMismatch {
+            secret: name,
+            key: TLS_KEY_KEY,
+        });
+    }
+    Ok(EtcdAccess::Managed(EtcdCa {
+        cert_pem: cert_pem.to_owned(),
+        key_pem: key_pem.to_owned(),
+    }))
+}
+
+fn first_certificate(pem: &str) -> Option<Vec<u8>> {
+    rustls_pemfile::certs(&mut pem.as_bytes())
+        .next()
+        .and_then(Result::ok)
+        .map(|c| c.as_ref().to_vec())
+}
+
+fn has_private_key(pem: &str) -> bool {
+    matches!(
+        rustls_pemfile::private_key(&mut pem.as_bytes()),
+        Ok(Some(_))
+    )
+}

@@ -1,0 +1,267 @@
+//! The CRDs we ship: `crds/` is current, and each CRD carries the CAPI contract
+//! labels, subresources, printer columns and one CEL rule per validator rule.
+
+use std::path::Path;
+
+use k3s_control_plane::api::crds::{self, REGENERATE_COMMAND};
+use k3s_control_plane::api::validate::Rule;
+use serde_json::Value;
+
+#[test]
+fn crds_directory_is_current() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let mut expected_files = Vec::new();
+    for crd in crds::ours() {
+        let name = crds::file_name(&crd);
+        let path = dir.join(&name);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{} missing ({e}); regenerate with `{REGENERATE_COMMAND}`",
+                path.display()
+            )
+        });
+        assert!(
+            on_disk == crds::to_yaml(&crd),
+            "{} is stale; regenerate with `{REGENERATE_COMMAND}`",
+            path.display()
+        );
+        expected_files.push(name);
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    expected_files.sort();
+    assert_eq!(
+        present, expected_files,
+        "crds/ has files we do not generate; regenerate with `{REGENERATE_COMMAND}`"
+    );
+}
+
+#[test]
+fn printed_yaml_is_one_document_per_crd() {
+    let text = crds::ours_yaml();
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2);
+    for d in docs {
+        assert_eq!(
+            d["kind"],
+            serde_yaml::Value::from("CustomResourceDefinition")
+        );
+    }
+}
+
+fn kcp_crd() -> Value {
+    let crd = crds::ours()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "KThreesControlPlane")
+        .unwrap();
+    serde_json::to_value(crd).unwrap()
+}
+
+#[test]
+fn every_crd_carries_both_capi_contract_labels() {
+    for crd in crds::ours() {
+        let labels = crd.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("cluster.x-k8s.io/v1beta1").map(String::as_str),
+            Some("v1beta1_v1beta2"),
+            "{:?}",
+            crd.metadata.name
+        );
+        assert_eq!(
+            labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str),
+            Some("v1beta2")
+        );
+        assert_eq!(crd.spec.group, "controlplane.cluster.x-k8s.io");
+        assert_eq!(crd.spec.versions.len(), 1);
+        assert_eq!(crd.spec.versions[0].name, "v1beta2");
+    }
+}
+
+#[test]
+fn kcp_has_scale_and_status_subresources_short_name_and_columns() {
+    let crd = kcp_crd();
+    assert_eq!(
+        crd["spec"]["names"]["shortNames"],
+        serde_json::json!(["ktcp"])
+    );
+    assert_eq!(crd["spec"]["names"]["plural"], "kthreescontrolplanes");
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+    assert_eq!(
+        version["subresources"]["scale"],
+        serde_json::json!({
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector"
+        })
+    );
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Cluster",
+            "Initialized",
+            "Desired",
+            "Replicas",
+            "Ready",
+            "Updated",
+            "Unavailable",
+            "Version",
+            "Age"
+        ]
+    );
+}
+
+/// Collect every `x-kubernetes-validations` entry in a schema tree.
+fn cel_rules(schema: &Value, out: &mut Vec<(String, String)>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(Value::Array(rules)) = map.get("x-kubernetes-validations") {
+                for r in rules {
+                    out.push((
+                        r["rule"].as_str().unwrap_or_default().to_owned(),
+                        r["message"].as_str().unwrap_or_default().to_owned(),
+                    ));
+                }
+            }
+            for v in map.values() {
+                cel_rules(v, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| cel_rules(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn each_validator_rule_has_a_cel_rule_naming_its_field() {
+    let crd = kcp_crd();
+    let mut rules = Vec::new();
+    cel_rules(&crd["spec"]["versions"][0]["schema"], &mut rules);
+    // One CEL rule per validator rule, each message starting with its field.
+    assert_eq!(rules.len(), Rule::ALL.len(), "{rules:#?}");
+    for rule in Rule::ALL {
+        let prefix = format!("{}: ", rule.field());
+        let expected_fragment = match rule {
+            Rule::VersionFormat => "k3s",
+            Rule::ReplicasAtLeastOne => ">= 1",
+            Rule::ReplicasOddWithEmbeddedEtcd => "% 2 == 1",
+            Rule::InfrastructureRefRequired => "infrastructureRef",
+            Rule::MaxRetryNotNegative => ">= 0",
+            Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",
+        };
+        let matching: Vec<_> = rules
+            .iter()
+            .filter(|(r, m)| m.starts_with(&prefix) && r.contains(expected_fragment))
+            .collect();
+        assert!(
+            !matching.is_empty(),
+            "{rule:?}: no CEL rule with message '{prefix}…' containing {expected_fragment:?}"
+        );
+    }
+    // The CEL patterns are the validator's patterns (escaped for a CEL string).
+    let cel_escaped = |pattern: &str| format!("self.matches('{}')", pattern.replace('\\', "\\\\"));
+    let duration = cel_escaped(k3s_control_plane::api::refs::GO_DURATION_PATTERN);
+    assert_eq!(
+        rules.iter().filter(|(r, _)| r.contains(&duration)).count(),
+        2,
+        "{duration}"
+    );
+    let version = cel_escaped(k3s_control_plane::api::kcp::K3S_VERSION_PATTERN);
+    assert!(rules.iter().any(|(r, _)| r == &version), "{version}");
+
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(spec["required"], serde_json::json!(["version"]));
+    assert_eq!(spec["properties"]["replicas"]["default"], 1);
+}
+
+#[test]
+fn unknown_kthrees_config_fields_are_preserved_by_the_schema() {
+    let crd = kcp_crd();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let config = &spec["properties"]["kthreesConfigSpec"];
+    assert_eq!(config["x-kubernetes-preserve-unknown-fields"], true);
+    assert_eq!(
+        config["properties"]["serverConfig"]["x-kubernetes-preserve-unknown-fields"],
+        true
+    );
+    assert_eq!(
+        config["properties"]["agentConfig"]["x-kubernetes-preserve-unknown-fields"],
+        true
+    );
+}
+
+#[test]
+fn test_support_crds_cover_the_capi_kinds_we_use() {
+    let kinds: Vec<String> = crds::test_support_crds()
+        .into_iter()
+        .map(|c| format!("{}/{}", c.spec.group, c.spec.names.kind))
+        .collect();
+    for want in [
+        "cluster.x-k8s.io/Cluster",
+        "cluster.x-k8s.io/Machine",
+        "cluster.x-k8s.io/MachineHealthCheck",
+        "bootstrap.cluster.x-k8s.io/KThreesConfig",
+        "bootstrap.cluster.x-k8s.io/KThreesConfigTemplate",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == want),
+            "{want} missing from {kinds:?}"
+        );
+    }
+}
+
+/// Structural-schema rules a real API server enforces: every node has a type
+/// (unless it preserves unknown fields or is int-or-string), and `properties`
+/// never sits next to `additionalProperties`.
+fn assert_structural(path: &str, schema: &Value) {
+    let Value::Object(map) = schema else {
+        panic!("{path}: schema is not an object: {schema}");
+    };
+    let preserves = map.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    let int_or_string = map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    assert!(
+        map.contains_key("type") || preserves || int_or_string,
+        "{path}: no type"
+    );
+    assert!(
+        !(map.contains_key("properties") && map.contains_key("additionalProperties")),
+        "{path}: properties and additionalProperties together"
+    );
+    for key in ["anyOf", "oneOf", "allOf", "not"] {
+        assert!(
+            !map.contains_key(key),
+            "{path}: {key} is not structural here"
+        );
+    }
+    if let Some(Value::Object(props)) = map.get("properties") {
+        for (name, sub) in props {
+            assert_structural(&format!("{path}.{name}"), sub);
+        }
+    }
+    if let Some(items) = map.get("items") {
+        assert_structural(&format!("{path}[]"), items);
+    }
+    if let Some(extra @ Value::Object(_)) = map.get("additionalProperties") {
+        assert_structural(&format!("{path}{{}}"), extra);
+    }
+}
+
+#[test]
+fn all_generated_schemas_are_structural() {
+    for crd in crds::ours().into_iter().chain(crds::test_support_crds()) {
+        let value = serde_json::to_value(&crd).unwrap();
+        let schema = &value["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert_structural(&crd.spec.names.kind, schema);
+    }
+}

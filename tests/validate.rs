@@ -1,0 +1,357 @@
+//! The KThreesControlPlane rules, three ways on the same objects: the Rust
+//! validator, the CRD's own CEL rules evaluated client-side (kube's `cel`
+//! feature, kube-cel), and, when `KUBECONFIG` points at a cluster, the API server.
+
+use k3s_control_plane::api::kcp::{KThreesControlPlaneMachineTemplate, RemediationStrategy};
+use k3s_control_plane::api::refs::GoDuration;
+use k3s_control_plane::api::validate::Rule;
+use k3s_control_plane::api::{KThreesControlPlane, KThreesControlPlaneSpec, validate_kcp};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::CustomResourceExt;
+use serde_json::Value;
+
+fn good() -> KThreesControlPlane {
+    let mut kcp = KThreesControlPlane::new(
+        "cp",
+        KThreesControlPlaneSpec {
+            replicas: Some(3),
+            version: "v1.30.2+k3s2".into(),
+            kthrees_config_spec: Default::default(),
+            rollout_after: None,
+            machine_template: KThreesControlPlaneMachineTemplate {
+                infrastructure_ref: Some(ObjectReference {
+                    api_version: Some("infrastructure.cluster.x-k8s.io/v1beta1".into()),
+                    kind: Some("DockerMachineTemplate".into()),
+                    name: Some("cp-template".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            remediation_strategy: None,
+        },
+    );
+    kcp.metadata.namespace = Some("team-a".into());
+    kcp
+}
+
+fn strategy(kcp: &mut KThreesControlPlane) -> &mut RemediationStrategy {
+    kcp.spec
+        .remediation_strategy
+        .get_or_insert_with(Default::default)
+}
+
+type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
+
+/// Every situation: name, how it differs from `good()`, the rules it breaks.
+fn cases() -> Vec<Case> {
+    vec![
+        ("three_replicas_with_embedded_etcd", |_| {}, &[]),
+        (
+            "replicas_unset_defaults_to_one",
+            |k| k.spec.replicas = None,
+            &[],
+        ),
+        ("one_replica", |k| k.spec.replicas = Some(1), &[]),
+        ("five_replicas", |k| k.spec.replicas = Some(5), &[]),
+        (
+            "two_replicas_with_external_datastore",
+            |k| {
+                k.spec.replicas = Some(2);
+                k.spec.kthrees_config_spec.server_config.datastore_endpoint =
+                    Some("postgres://db:5432/k3s".into());
+            },
+            &[],
+        ),
+        (
+            "prerelease_k3s_version",
+            |k| k.spec.version = "v1.31.0-rc1+k3s1".into(),
+            &[],
+        ),
+        (
+            "remediation_strategy_with_valid_durations",
+            |k| {
+                let s = strategy(k);
+                s.max_retry = Some(0);
+                s.retry_period = Some(GoDuration::new("0s"));
+                s.min_healthy_period = Some(GoDuration::new("1h30m"));
+            },
+            &[],
+        ),
+        (
+            "version_without_k3s_suffix",
+            |k| k.spec.version = "v1.30.2".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            "version_without_leading_v",
+            |k| k.spec.version = "1.30.2+k3s2".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            "version_empty",
+            |k| k.spec.version = String::new(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            "two_replicas_with_embedded_etcd",
+            |k| k.spec.replicas = Some(2),
+            &[Rule::ReplicasOddWithEmbeddedEtcd],
+        ),
+        (
+            "four_replicas_with_empty_datastore_endpoint",
+            |k| {
+                k.spec.replicas = Some(4);
+                k.spec.kthrees_config_spec.server_config.datastore_endpoint = Some(String::new());
+            },
+            &[Rule::ReplicasOddWithEmbeddedEtcd],
+        ),
+        (
+            "zero_replicas",
+            |k| k.spec.replicas = Some(0),
+            &[Rule::ReplicasAtLeastOne],
+        ),
+        (
+            "negative_replicas",
+            |k| k.spec.replicas = Some(-3),
+            &[Rule::ReplicasAtLeastOne],
+        ),
+        (
+            "missing_infrastructure_ref",
+            |k| k.spec.machine_template.infrastructure_ref = None,
+            &[Rule::InfrastructureRefRequired],
+        ),
+        (
+            "infrastructure_ref_without_name",
+            |k| {
+                k.spec
+                    .machine_template
+                    .infrastructure_ref
+                    .as_mut()
+                    .unwrap()
+                    .name = None;
+            },
+            &[Rule::InfrastructureRefRequired],
+        ),
+        (
+            "negative_max_retry",
+            |k| strategy(k).max_retry = Some(-1),
+            &[Rule::MaxRetryNotNegative],
+        ),
+        (
+            "negative_retry_period",
+            |k| strategy(k).retry_period = Some(GoDuration::new("-1m")),
+            &[Rule::RetryPeriodDuration],
+        ),
+        (
+            "min_healthy_period_in_words",
+            |k| strategy(k).min_healthy_period = Some(GoDuration::new("1 hour")),
+            &[Rule::MinHealthyPeriodDuration],
+        ),
+        (
+            "min_healthy_period_in_days",
+            |k| strategy(k).min_healthy_period = Some(GoDuration::new("1d")),
+            &[Rule::MinHealthyPeriodDuration],
+        ),
+        (
+            "retry_period_unit_without_number",
+            |k| strategy(k).retry_period = Some(GoDuration::new("h")),
+            &[Rule::RetryPeriodDuration],
+        ),
+        (
+            "min_healthy_period_empty",
+            |k| strategy(k).min_healthy_period = Some(GoDuration::new("")),
+            &[Rule::MinHealthyPeriodDuration],
+        ),
+        (
+            "fractional_and_compound_durations",
+            |k| {
+                let s = strategy(k);
+                s.retry_period = Some(GoDuration::new(".5h"));
+                s.min_healthy_period = Some(GoDuration::new("1h30m15.5s"));
+            },
+            &[],
+        ),
+        (
+            "several_problems_at_once",
+            |k| {
+                k.spec.version = "latest".into();
+                k.spec.replicas = Some(2);
+                k.spec.machine_template.infrastructure_ref = None;
+            },
+            &[
+                Rule::VersionFormat,
+                Rule::ReplicasOddWithEmbeddedEtcd,
+                Rule::InfrastructureRefRequired,
+            ],
+        ),
+    ]
+}
+
+fn object(mutate: fn(&mut KThreesControlPlane)) -> KThreesControlPlane {
+    let mut kcp = good();
+    mutate(&mut kcp);
+    kcp
+}
+
+#[test]
+fn validator_rejects_each_bad_object_naming_object_and_field() {
+    for (name, mutate, broken) in cases() {
+        let kcp = object(mutate);
+        match validate_kcp(&kcp) {
+            Ok(()) => assert!(broken.is_empty(), "{name}: accepted, want {broken:?}"),
+            Err(errors) => {
+                let mut got = errors.rules();
+                got.sort_by_key(|r| format!("{r:?}"));
+                let mut want = broken.to_vec();
+                want.sort_by_key(|r| format!("{r:?}"));
+                assert_eq!(got, want, "{name}: {errors}");
+                for e in &errors.0 {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with(&format!("team-a/cp: {}: ", e.rule.field())),
+                        "{name}: {text}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn even_replicas_message_has_the_count() {
+    let err = validate_kcp(&object(|k| k.spec.replicas = Some(2)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("team-a/cp: spec.replicas: must be odd while etcd is embedded (got 2)"),
+        "{err}"
+    );
+}
+
+fn crd_schema() -> Value {
+    let crd = KThreesControlPlane::crd();
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The rule a CEL failure belongs to, from the field its message names.
+fn rule_of_cel_message(message: &str) -> Vec<Rule> {
+    Rule::ALL
+        .into_iter()
+        .filter(|r| message.starts_with(&format!("{}: ", r.field())))
+        .collect()
+}
+
+#[test]
+fn crd_cel_rules_give_the_same_verdicts_as_the_validator() {
+    let schema = crd_schema();
+    let validator = kube::core::cel::Validator::new();
+    for (name, mutate, broken) in cases() {
+        let kcp = object(mutate);
+        let value = serde_json::to_value(&kcp).unwrap();
+        let cel = validator.validate(&schema, &value, None);
+        let rust = validate_kcp(&kcp);
+        match (&cel, &rust) {
+            (Ok(()), Ok(())) => {}
+            (Err(cel_errors), Err(rust_errors)) => {
+                for e in cel_errors.iter() {
+                    assert!(
+                        matches!(e.kind, kube::core::cel::ErrorKind::ValidationFailure),
+                        "{name}: CEL rule did not evaluate cleanly: {e} ({:?})",
+                        e.kind
+                    );
+                }
+                // Each CEL failure maps to a validator rule for the same field.
+                let mut cel_fields: Vec<&str> = cel_errors
+                    .iter()
+                    .map(|e| {
+                        let rules = rule_of_cel_message(&e.message);
+                        assert!(!rules.is_empty(), "{name}: CEL message names no field: {e}");
+                        rules[0].field()
+                    })
+                    .collect();
+                let mut rust_fields: Vec<&str> = rust_errors.0.iter().map(|e| e.field()).collect();
+                cel_fields.sort();
+                rust_fields.sort();
+                assert_eq!(cel_fields, rust_fields, "{name}");
+            }
+            _ => panic!("{name}: CEL says {cel:?}, validator says {rust:?} (want {broken:?})"),
+        }
+    }
+}
+
+/// Against a real API server, when `KUBECONFIG` is set: install the CRD, create
+/// each object, and expect rejection naming the field exactly for bad ones.
+#[tokio::test]
+async fn api_server_rejects_the_same_objects() {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        eprintln!("skipped: KUBECONFIG is not set, no real API server to ask");
+        return;
+    }
+    k3s_control_plane::install_crypto_provider();
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+
+    let client = kube::Client::try_default()
+        .await
+        .expect("client from KUBECONFIG");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = k3s_control_plane::api::crds::ours()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "KThreesControlPlane")
+        .unwrap();
+    crds.patch(
+        crd.metadata.name.as_deref().unwrap(),
+        &PatchParams::apply("k3s-control-plane-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply CRD");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let api: Api<KThreesControlPlane> = Api::namespaced(client, "default");
+    // Wait until the CRD is served.
+    while api.list(&Default::default()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "CRD not served within 30s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    for (i, (name, mutate, broken)) in cases().into_iter().enumerate() {
+        let mut kcp = object(mutate);
+        kcp.metadata.namespace = Some("default".into());
+        kcp.metadata.name = Some(format!("validation-case-{i}"));
+        match api.create(&PostParams::default(), &kcp).await {
+            Ok(_) => {
+                let _ = api
+                    .delete(
+                        kcp.metadata.name.as_deref().unwrap(),
+                        &DeleteParams::default(),
+                    )
+                    .await;
+                assert!(
+                    broken.is_empty(),
+                    "{name}: API server accepted it, want {broken:?}"
+                );
+            }
+            Err(kube::Error::Api(status)) => {
+                assert!(!broken.is_empty(), "{name}: rejected: {}", status.message);
+                for rule in broken {
+                    assert!(
+                        status.message.contains(rule.field()),
+                        "{name}: {} not named in {:?}",
+                        rule.field(),
+                        status.message
+                    );
+                }
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
