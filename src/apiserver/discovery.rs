@@ -14,7 +14,9 @@ pub fn document(registry: &Registry, segments: &[&str]) -> Option<Value> {
             "gitCommit": "", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",
             "goVersion": "n/a", "compiler": "rustc", "platform": "linux/amd64"
         })),
-        ["api"] => Some(json!({"kind": "APIVersions", "apiVersion": "v1", "versions": ["v1"], "serverAddressByClientCIDRs": []})),
+        ["api"] => Some(
+            json!({"kind": "APIVersions", "apiVersion": "v1", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+        ),
         ["api", "v1"] => Some(resource_list(registry, "", "v1")),
         ["apis"] => Some(json!({
             "kind": "APIGroupList", "apiVersion": "v1",
@@ -26,7 +28,13 @@ pub fn document(registry: &Registry, segments: &[&str]) -> Option<Value> {
             doc["apiVersion"] = json!("v1");
             doc
         }),
-        ["apis", g, v] if groups(registry).get(*g).is_some_and(|vs| vs.iter().any(|x| x == v)) => Some(resource_list(registry, g, v)),
+        ["apis", g, v]
+            if groups(registry)
+                .get(*g)
+                .is_some_and(|vs| vs.iter().any(|x| x == v)) =>
+        {
+            Some(resource_list(registry, g, v))
+        }
         _ => None,
     }
 }
@@ -50,9 +58,22 @@ fn group(name: &str, versions: &[String]) -> Value {
 }
 
 fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
-    let verbs = json!(["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]);
+    let verbs = json!([
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch"
+    ]);
     let mut resources = Vec::new();
-    for def in registry.all().iter().filter(|d| d.group == group && d.versions.iter().any(|v| v == version)) {
+    for def in registry
+        .all()
+        .iter()
+        .filter(|d| d.group == group && d.versions.iter().any(|v| v == version))
+    {
         resources.push(json!({"name": def.plural, "singularName": def.kind.to_lowercase(), "namespaced": def.namespaced(), "kind": def.kind, "verbs": verbs}));
         if def.status {
             resources.push(json!({"name": format!("{}/status", def.plural), "singularName": "", "namespaced": def.namespaced(), "kind": def.kind, "verbs": ["get", "patch", "update"]}));
@@ -61,7 +82,10 @@ fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
             resources.push(json!({"name": format!("{}/scale", def.plural), "singularName": "", "namespaced": def.namespaced(), "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
-

@@ -49,7 +49,11 @@ pub enum ApiError {
     #[error("Operation cannot be fulfilled on {} \"{}\": {}", .0.qualified, .0.name, .1)]
     Conflict(Subject, String),
     #[error("{} \"{}\" is invalid: {}: {}", .subject.qualified, .subject.name, .field, .detail)]
-    Invalid { subject: Subject, field: String, detail: String },
+    Invalid {
+        subject: Subject,
+        field: String,
+        detail: String,
+    },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -98,10 +102,18 @@ impl ApiError {
             "code": self.code(),
         });
         let details = match self {
-            Self::NotFound(s) | Self::AlreadyExists(s) | Self::Conflict(s, _) => Some(details(s, None)),
-            Self::Invalid { subject, field, detail } => Some(details(
+            Self::NotFound(s) | Self::AlreadyExists(s) | Self::Conflict(s, _) => {
+                Some(details(s, None))
+            }
+            Self::Invalid {
                 subject,
-                Some(json!([{"reason": "FieldValueInvalid", "message": format!("{field}: {detail}"), "field": field}])),
+                field,
+                detail,
+            } => Some(details(
+                subject,
+                Some(
+                    json!([{"reason": "FieldValueInvalid", "message": format!("{field}: {detail}"), "field": field}]),
+                ),
             )),
             _ => None,
         };
@@ -148,7 +160,10 @@ mod tests {
     fn not_found_reads_like_the_real_server() {
         let err = ApiError::NotFound(Subject::resource(&kcp(), "kcp-1"));
         let status = err.to_status();
-        assert_eq!(status["message"], "kthreescontrolplanes.controlplane.cluster.x-k8s.io \"kcp-1\" not found");
+        assert_eq!(
+            status["message"],
+            "kthreescontrolplanes.controlplane.cluster.x-k8s.io \"kcp-1\" not found"
+        );
         assert_eq!(status["code"], 404);
         assert_eq!(status["details"]["kind"], "kthreescontrolplanes");
     }
@@ -158,7 +173,8 @@ mod tests {
         let err = ApiError::Invalid {
             subject: Subject::kind(&kcp(), "kcp-1"),
             field: "metadata.finalizers".into(),
-            detail: "Forbidden: no new finalizers can be added if the object is being deleted".into(),
+            detail: "Forbidden: no new finalizers can be added if the object is being deleted"
+                .into(),
         };
         assert_eq!(err.code(), 422);
         assert!(err.to_string().starts_with("KThreesControlPlane.controlplane.cluster.x-k8s.io \"kcp-1\" is invalid: metadata.finalizers"));

@@ -10,23 +10,36 @@ pub fn meta(obj: &Value) -> Option<&Map<String, Value>> {
 
 /// The object's metadata map, created when absent (the object must be a JSON object).
 pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
-    let root = obj.as_object_mut().expect("objects are validated to be JSON objects before use");
-    let m = root.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let root = obj
+        .as_object_mut()
+        .expect("objects are validated to be JSON objects before use");
+    let m = root
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !m.is_object() {
         *m = Value::Object(Map::new());
     }
-    m.as_object_mut().expect("just ensured metadata is an object")
+    m.as_object_mut()
+        .expect("just ensured metadata is an object")
 }
 
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    meta(obj).and_then(|m| m.get(field)).and_then(Value::as_str).filter(|s| !s.is_empty())
+    meta(obj)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 pub fn finalizers(obj: &Value) -> Vec<String> {
     meta(obj)
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -34,7 +47,12 @@ pub fn owner_uids(obj: &Value) -> Vec<String> {
     meta(obj)
         .and_then(|m| m.get("ownerReferences"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -50,12 +68,17 @@ pub fn retain_owner_refs(obj: &mut Value, keep: impl Fn(&str) -> bool) {
 }
 
 pub fn generation(obj: &Value) -> i64 {
-    meta(obj).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0)
+    meta(obj)
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
 }
 
 /// Value at a dot path such as `spec.replicas`.
 pub fn get_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').filter(|p| !p.is_empty()).try_fold(obj, |v, key| v.get(key))
+    path.split('.')
+        .filter(|p| !p.is_empty())
+        .try_fold(obj, |v, key| v.get(key))
 }
 
 /// Set a dot path, creating intermediate objects.
@@ -71,7 +94,9 @@ pub fn set_path(obj: &mut Value, path: &str, value: Value) {
             map.insert(key.to_string(), value);
             return;
         }
-        cur = map.entry(key.to_string()).or_insert_with(|| Value::Object(Map::new()));
+        cur = map
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
     }
 }
 
@@ -117,7 +142,12 @@ pub fn name_suffix() -> String {
 pub fn invalid_name(name: &str) -> Option<String> {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    if name.is_empty() || name.len() > 253 || !name.chars().all(ok_char) || !name.starts_with(alnum) || !name.ends_with(alnum) {
+    if name.is_empty()
+        || name.len() > 253
+        || !name.chars().all(ok_char)
+        || !name.starts_with(alnum)
+        || !name.ends_with(alnum)
+    {
         return Some(format!(
             "Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
         ));

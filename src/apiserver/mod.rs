@@ -60,27 +60,35 @@ impl TestApiServerBuilder {
     /// and coordination.k8s.io/v1 Lease, with the real server's status subresources and
     /// common field selectors.
     pub fn with_core_resources(self) -> Self {
-        self.resource(ResourceDef::of::<core::v1::Namespace>().with_status().with_selectable_field("status.phase"))
-            .resource(ResourceDef::of::<core::v1::Secret>().with_selectable_field("type"))
-            .resource(ResourceDef::of::<core::v1::ConfigMap>())
-            .resource(ResourceDef::of::<core::v1::Node>().with_status().with_selectable_field("spec.unschedulable"))
-            .resource(
-                ResourceDef::of::<core::v1::Pod>()
-                    .with_status()
-                    .with_selectable_field("spec.nodeName")
-                    .with_selectable_field("status.phase"),
-            )
-            .resource(
-                ResourceDef::of::<core::v1::Event>()
-                    .with_selectable_field("involvedObject.kind")
-                    .with_selectable_field("involvedObject.name")
-                    .with_selectable_field("involvedObject.namespace")
-                    .with_selectable_field("involvedObject.uid")
-                    .with_selectable_field("reason")
-                    .with_selectable_field("type"),
-            )
-            .resource(ResourceDef::of::<events::v1::Event>())
-            .resource(ResourceDef::of::<coordination::v1::Lease>())
+        self.resource(
+            ResourceDef::of::<core::v1::Namespace>()
+                .with_status()
+                .with_selectable_field("status.phase"),
+        )
+        .resource(ResourceDef::of::<core::v1::Secret>().with_selectable_field("type"))
+        .resource(ResourceDef::of::<core::v1::ConfigMap>())
+        .resource(
+            ResourceDef::of::<core::v1::Node>()
+                .with_status()
+                .with_selectable_field("spec.unschedulable"),
+        )
+        .resource(
+            ResourceDef::of::<core::v1::Pod>()
+                .with_status()
+                .with_selectable_field("spec.nodeName")
+                .with_selectable_field("status.phase"),
+        )
+        .resource(
+            ResourceDef::of::<core::v1::Event>()
+                .with_selectable_field("involvedObject.kind")
+                .with_selectable_field("involvedObject.name")
+                .with_selectable_field("involvedObject.namespace")
+                .with_selectable_field("involvedObject.uid")
+                .with_selectable_field("reason")
+                .with_selectable_field("type"),
+        )
+        .resource(ResourceDef::of::<events::v1::Event>())
+        .resource(ResourceDef::of::<coordination::v1::Lease>())
     }
 
     /// How many events the watch history keeps (older revisions get 410 Gone). Default 1000.
@@ -97,7 +105,9 @@ impl TestApiServerBuilder {
 
     /// Bind 127.0.0.1 on a free port and serve until [`TestApiServer::shutdown`] or drop.
     pub async fn start(self) -> Result<TestApiServer, Error> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(Error::Bind)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(Error::Bind)?;
         let addr = listener.local_addr().map_err(Error::Bind)?;
         let store = Arc::new(Store::new(self.registry, self.history_limit));
         let shutdown = CancellationToken::new();
@@ -110,16 +120,26 @@ impl TestApiServerBuilder {
                 expiry: expiry_rx,
             },
         });
-        let router = axum::Router::new().fallback(routes::dispatch).with_state(app);
+        let router = axum::Router::new()
+            .fallback(routes::dispatch)
+            .with_state(app);
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
             if let Err(e) = served {
                 tracing::warn!(error = %e, "test API server stopped with an error");
             }
         });
         tracing::debug!(%addr, "test API server listening");
-        Ok(TestApiServer { addr, store, shutdown, expiry: expiry_tx, task: Mutex::new(Some(task)) })
+        Ok(TestApiServer {
+            addr,
+            store,
+            shutdown,
+            expiry: expiry_tx,
+            task: Mutex::new(Some(task)),
+        })
     }
 }
 
@@ -148,14 +168,16 @@ impl TestApiServer {
 
     /// A client for this server (default namespace `default`). Must be called inside a tokio runtime.
     pub fn client(&self) -> kube::Client {
-        self.try_client().expect("a plain-HTTP kube client for a loopback URL always builds")
+        self.try_client()
+            .expect("a plain-HTTP kube client for a loopback URL always builds")
     }
 
     /// Like [`client`](Self::client), returning the error instead of panicking.
     pub fn try_client(&self) -> Result<kube::Client, Error> {
         let url = self.url();
         let uri: http::Uri = url.parse().expect("a socket address forms a valid URI");
-        kube::Client::try_from(kube::Config::new(uri)).map_err(|source| Error::Client { url, source })
+        kube::Client::try_from(kube::Config::new(uri))
+            .map_err(|source| Error::Client { url, source })
     }
 
     /// A kubeconfig (cluster, user and context all named `test-apiserver`) pointing at this server.
@@ -164,13 +186,25 @@ impl TestApiServer {
         Kubeconfig {
             clusters: vec![NamedCluster {
                 name: name.clone(),
-                cluster: Some(Cluster { server: Some(self.url()), ..Default::default() }),
+                cluster: Some(Cluster {
+                    server: Some(self.url()),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
-            auth_infos: vec![NamedAuthInfo { name: name.clone(), auth_info: Some(Default::default()), ..Default::default() }],
+            auth_infos: vec![NamedAuthInfo {
+                name: name.clone(),
+                auth_info: Some(Default::default()),
+                ..Default::default()
+            }],
             contexts: vec![NamedContext {
                 name: name.clone(),
-                context: Some(Context { cluster: name.clone(), user: Some(name.clone()), namespace: None, ..Default::default() }),
+                context: Some(Context {
+                    cluster: name.clone(),
+                    user: Some(name.clone()),
+                    namespace: None,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
             current_context: Some(name),

@@ -21,7 +21,12 @@ const ACCEPTED: &str = "application/json-patch+json, application/merge-patch+jso
 
 impl PatchKind {
     pub fn from_content_type(content_type: Option<&str>) -> Result<Self, ApiError> {
-        let essence = content_type.unwrap_or("").split(';').next().unwrap_or("").trim();
+        let essence = content_type
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim();
         match essence {
             "application/merge-patch+json" => Ok(Self::Merge),
             "application/json-patch+json" => Ok(Self::Json),
@@ -46,13 +51,19 @@ impl PatchKind {
         match self {
             Self::Merge | Self::StrategicMerge | Self::Apply => {
                 if !patch.is_object() {
-                    return Err(ApiError::BadRequest("patch body must be a JSON object".into()));
+                    return Err(ApiError::BadRequest(
+                        "patch body must be a JSON object".into(),
+                    ));
                 }
                 json_patch::merge(&mut doc, patch);
             }
             Self::Json => {
-                let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-                    .map_err(|e| ApiError::BadRequest(format!("the server rejected our request due to an error in our request: {e}")))?;
+                let ops: json_patch::Patch =
+                    serde_json::from_value(patch.clone()).map_err(|e| {
+                        ApiError::BadRequest(format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ))
+                    })?;
                 json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::Invalid {
                     subject: Default::default(),
                     field: "patch".into(),
@@ -71,15 +82,28 @@ mod tests {
 
     #[test]
     fn content_types_map_to_patch_kinds() {
-        assert_eq!(PatchKind::from_content_type(Some("application/merge-patch+json")).unwrap(), PatchKind::Merge);
-        assert_eq!(PatchKind::from_content_type(Some("application/apply-patch+yaml")).unwrap(), PatchKind::Apply);
-        assert_eq!(PatchKind::from_content_type(Some("text/plain")).unwrap_err().code(), 415);
+        assert_eq!(
+            PatchKind::from_content_type(Some("application/merge-patch+json")).unwrap(),
+            PatchKind::Merge
+        );
+        assert_eq!(
+            PatchKind::from_content_type(Some("application/apply-patch+yaml")).unwrap(),
+            PatchKind::Apply
+        );
+        assert_eq!(
+            PatchKind::from_content_type(Some("text/plain"))
+                .unwrap_err()
+                .code(),
+            415
+        );
     }
 
     #[test]
     fn merge_patch_null_deletes_and_objects_merge() {
         let doc = json!({"spec": {"a": 1, "b": 2}, "list": [1, 2]});
-        let out = PatchKind::Merge.apply(&doc, &json!({"spec": {"a": null, "c": 3}, "list": [3]})).unwrap();
+        let out = PatchKind::Merge
+            .apply(&doc, &json!({"spec": {"a": null, "c": 3}, "list": [3]}))
+            .unwrap();
         assert_eq!(out, json!({"spec": {"b": 2, "c": 3}, "list": [3]}));
     }
 
@@ -87,11 +111,17 @@ mod tests {
     fn json_patch_applies_ops_and_reports_failed_test_op() {
         let doc = json!({"spec": {"replicas": 3}});
         let out = PatchKind::Json
-            .apply(&doc, &json!([{"op": "replace", "path": "/spec/replicas", "value": 5}]))
+            .apply(
+                &doc,
+                &json!([{"op": "replace", "path": "/spec/replicas", "value": 5}]),
+            )
             .unwrap();
         assert_eq!(out["spec"]["replicas"], 5);
         let err = PatchKind::Json
-            .apply(&doc, &json!([{"op": "test", "path": "/spec/replicas", "value": 4}]))
+            .apply(
+                &doc,
+                &json!([{"op": "test", "path": "/spec/replicas", "value": 4}]),
+            )
             .unwrap_err();
         assert_eq!(err.code(), 422);
     }

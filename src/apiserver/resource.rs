@@ -71,11 +71,13 @@ impl ResourceDef {
         let spec = &crd.spec;
         let served: Vec<_> = spec.versions.iter().filter(|v| v.served).collect();
         let subresources = served.first().and_then(|v| v.subresources.as_ref());
-        let scale = subresources.and_then(|s| s.scale.as_ref()).map(|s| ScaleDef {
-            spec_replicas_path: trim_path(&s.spec_replicas_path),
-            status_replicas_path: trim_path(&s.status_replicas_path),
-            label_selector_path: s.label_selector_path.as_deref().map(trim_path),
-        });
+        let scale = subresources
+            .and_then(|s| s.scale.as_ref())
+            .map(|s| ScaleDef {
+                spec_replicas_path: trim_path(&s.spec_replicas_path),
+                status_replicas_path: trim_path(&s.status_replicas_path),
+                label_selector_path: s.label_selector_path.as_deref().map(trim_path),
+            });
         let selectable_fields = served
             .first()
             .and_then(|v| v.selectable_fields.as_ref())
@@ -86,7 +88,11 @@ impl ResourceDef {
             versions: served.iter().map(|v| v.name.clone()).collect(),
             kind: spec.names.kind.clone(),
             plural: spec.names.plural.clone(),
-            scope: if spec.scope == "Cluster" { Scope::Cluster } else { Scope::Namespaced },
+            scope: if spec.scope == "Cluster" {
+                Scope::Cluster
+            } else {
+                Scope::Namespaced
+            },
             status: subresources.is_some_and(|s| s.status.is_some()),
             scale,
             selectable_fields,
@@ -100,7 +106,12 @@ impl ResourceDef {
     }
 
     /// Serve a `/scale` subresource mapped onto the given paths (dot form, e.g. `.spec.replicas`).
-    pub fn with_scale(mut self, spec_replicas: &str, status_replicas: &str, selector: Option<&str>) -> Self {
+    pub fn with_scale(
+        mut self,
+        spec_replicas: &str,
+        status_replicas: &str,
+        selector: Option<&str>,
+    ) -> Self {
         self.scale = Some(ScaleDef {
             spec_replicas_path: trim_path(spec_replicas),
             status_replicas_path: trim_path(status_replicas),
@@ -172,7 +183,11 @@ pub struct Registry {
 impl Registry {
     /// Add a resource; a later definition of the same group and plural merges its versions in.
     pub fn add(&mut self, def: ResourceDef) {
-        if let Some(existing) = self.defs.iter_mut().find(|d| d.group == def.group && d.plural == def.plural) {
+        if let Some(existing) = self
+            .defs
+            .iter_mut()
+            .find(|d| d.group == def.group && d.plural == def.plural)
+        {
             for v in def.versions {
                 if !existing.versions.contains(&v) {
                     existing.versions.push(v);
@@ -184,9 +199,9 @@ impl Registry {
     }
 
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceDef> {
-        self.defs
-            .iter()
-            .find(|d| d.group == group && d.plural == plural && d.versions.iter().any(|v| v == version))
+        self.defs.iter().find(|d| {
+            d.group == group && d.plural == plural && d.versions.iter().any(|v| v == version)
+        })
     }
 
     pub fn all(&self) -> &[ResourceDef] {
@@ -202,7 +217,10 @@ mod tests {
     #[test]
     fn builtin_scope_and_names_come_from_k8s_openapi() {
         let secret = ResourceDef::of::<Secret>();
-        assert_eq!((secret.group.as_str(), secret.plural.as_str()), ("", "secrets"));
+        assert_eq!(
+            (secret.group.as_str(), secret.plural.as_str()),
+            ("", "secrets")
+        );
         assert_eq!(secret.scope, Scope::Namespaced);
         assert_eq!(ResourceDef::of::<Namespace>().scope, Scope::Cluster);
         assert_eq!(secret.qualified_plural(), "secrets");
@@ -225,7 +243,10 @@ mod tests {
         let def = ResourceDef::from_crd(&crd);
         assert_eq!(def.versions, vec!["v1"]);
         assert!(def.status);
-        assert_eq!(def.scale.as_ref().unwrap().spec_replicas_path, "spec.replicas");
+        assert_eq!(
+            def.scale.as_ref().unwrap().spec_replicas_path,
+            "spec.replicas"
+        );
         assert_eq!(def.qualified_plural(), "widgets.example.com");
     }
 }

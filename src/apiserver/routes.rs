@@ -36,8 +36,16 @@ struct Route {
 
 type Query = HashMap<String, String>;
 
-pub async fn dispatch(State(app): State<Arc<App>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
-    let query: Query = axum::extract::Query::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
+pub async fn dispatch(
+    State(app): State<Arc<App>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let query: Query = axum::extract::Query::try_from_uri(&uri)
+        .map(|q| q.0)
+        .unwrap_or_default();
     let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     let result = match discovery::document(app.watch.store.registry(), &segments) {
         Some(doc) if method == Method::GET => Ok(axum::Json(doc).into_response()),
@@ -57,16 +65,21 @@ fn parse_route(app: &App, segments: &[&str]) -> Result<Route, ApiError> {
         _ => return Err(ApiError::NoRoute),
     };
     let registry = app.watch.store.registry();
-    let namespace_subresource = rest.len() == 3 && group.is_empty() && matches!(rest[2], "status" | "finalize");
-    let (namespace, plural, tail) = if rest[0] == "namespaces" && rest.len() >= 3 && !namespace_subresource {
-        (Some(rest[1].to_string()), rest[2], &rest[3..])
-    } else {
-        (None, rest[0], &rest[1..])
-    };
+    let namespace_subresource =
+        rest.len() == 3 && group.is_empty() && matches!(rest[2], "status" | "finalize");
+    let (namespace, plural, tail) =
+        if rest[0] == "namespaces" && rest.len() >= 3 && !namespace_subresource {
+            (Some(rest[1].to_string()), rest[2], &rest[3..])
+        } else {
+            (None, rest[0], &rest[1..])
+        };
     if tail.len() > 2 {
         return Err(ApiError::NoRoute);
     }
-    let def = registry.find(group, version, plural).ok_or(ApiError::NoRoute)?.clone();
+    let def = registry
+        .find(group, version, plural)
+        .ok_or(ApiError::NoRoute)?
+        .clone();
     let name = tail.first().map(|s| s.to_string());
     let subresource = tail.get(1).map(|s| s.to_string());
     if !def.namespaced() && namespace.is_some() {
@@ -81,23 +94,44 @@ fn parse_route(app: &App, segments: &[&str]) -> Result<Route, ApiError> {
         Some("scale") if def.scale.is_some() => {}
         Some(_) => return Err(ApiError::NoRoute),
     }
-    Ok(Route { def, version: version.to_string(), namespace, name, subresource })
+    Ok(Route {
+        def,
+        version: version.to_string(),
+        namespace,
+        name,
+        subresource,
+    })
 }
 
-async fn handle(app: &App, route: Route, method: Method, query: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+async fn handle(
+    app: &App,
+    route: Route,
+    method: Method,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     if query.get("dryRun").is_some_and(|d| !d.is_empty()) {
-        return Err(ApiError::BadRequest("dryRun is not supported by the test API server".into()));
+        return Err(ApiError::BadRequest(
+            "dryRun is not supported by the test API server".into(),
+        ));
     }
     let store = &app.watch.store;
     let ns = route.namespace.as_deref();
     let (def, version) = (&route.def, route.version.as_str());
     match (route.name.as_deref(), route.subresource.as_deref(), method) {
         (None, None, Method::GET) => {
-            let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""), &def.selectable_fields)?;
+            let labels =
+                LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+            let fields = FieldSelector::parse(
+                query.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                &def.selectable_fields,
+            )?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 let timeout = match query.get("timeoutSeconds") {
-                    Some(t) => t.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds {t:?}")))?,
+                    Some(t) => t.parse::<u64>().map_err(|_| {
+                        ApiError::BadRequest(format!("invalid timeoutSeconds {t:?}"))
+                    })?,
                     None => 1800,
                 };
                 let req = WatchRequest {
@@ -107,24 +141,44 @@ async fn handle(app: &App, route: Route, method: Method, query: &Query, headers:
                     labels,
                     fields,
                     resource_version: query.get("resourceVersion").cloned(),
-                    bookmarks: query.get("allowWatchBookmarks").is_some_and(|b| b == "true" || b == "1"),
-                    send_initial_events: query.get("sendInitialEvents").is_some_and(|b| b == "true" || b == "1"),
+                    bookmarks: query
+                        .get("allowWatchBookmarks")
+                        .is_some_and(|b| b == "true" || b == "1"),
+                    send_initial_events: query
+                        .get("sendInitialEvents")
+                        .is_some_and(|b| b == "true" || b == "1"),
                     timeout: Duration::from_secs(timeout),
                 };
                 let body = watch::start(app.watch.clone(), req);
-                return Ok(([(http::header::CONTENT_TYPE, "application/json")], body).into_response());
+                return Ok(
+                    ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+                );
             }
             let limit = match query.get("limit") {
-                Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::BadRequest(format!("invalid limit {l:?}")))?),
+                Some(l) => Some(
+                    l.parse::<usize>()
+                        .map_err(|_| ApiError::BadRequest(format!("invalid limit {l:?}")))?,
+                ),
                 None => None,
             };
-            let page = store.list(def, version, ns, &labels, &fields, limit, query.get("continue").map(String::as_str))?;
+            let page = store.list(
+                def,
+                version,
+                ns,
+                &labels,
+                &fields,
+                limit,
+                query.get("continue").map(String::as_str),
+            )?;
             let mut metadata = json!({"resourceVersion": page.resource_version.to_string()});
             if let Some(token) = page.continue_token {
                 metadata["continue"] = json!(token);
                 metadata["remainingItemCount"] = json!(page.remaining.unwrap_or(0));
             }
-            Ok(json_response(StatusCode::OK, list(def, version, metadata, page.items)))
+            Ok(json_response(
+                StatusCode::OK,
+                list(def, version, metadata, page.items),
+            ))
         }
         (None, None, Method::POST) => {
             let obj = parse_json(body)?;
@@ -132,32 +186,79 @@ async fn handle(app: &App, route: Route, method: Method, query: &Query, headers:
             Ok(json_response(StatusCode::CREATED, created))
         }
         (None, None, Method::DELETE) => {
-            let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""), &def.selectable_fields)?;
+            let labels =
+                LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+            let fields = FieldSelector::parse(
+                query.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                &def.selectable_fields,
+            )?;
             let opts = delete_options(query, body)?;
-            let (items, rv) = store.delete_collection(def, version, ns, &labels, &fields, opts.orphan)?;
-            Ok(json_response(StatusCode::OK, list(def, version, json!({"resourceVersion": rv.to_string()}), items)))
+            let (items, rv) =
+                store.delete_collection(def, version, ns, &labels, &fields, opts.orphan)?;
+            Ok(json_response(
+                StatusCode::OK,
+                list(
+                    def,
+                    version,
+                    json!({"resourceVersion": rv.to_string()}),
+                    items,
+                ),
+            ))
         }
-        (Some(name), None, Method::GET) => Ok(json_response(StatusCode::OK, store.get(def, version, ns, name)?)),
-        (Some(name), Some("status"), Method::GET) => Ok(json_response(StatusCode::OK, store.get(def, version, ns, name)?)),
+        (Some(name), None, Method::GET) => Ok(json_response(
+            StatusCode::OK,
+            store.get(def, version, ns, name)?,
+        )),
+        (Some(name), Some("status"), Method::GET) => Ok(json_response(
+            StatusCode::OK,
+            store.get(def, version, ns, name)?,
+        )),
         (Some(name), sub @ (None | Some("status")), Method::PUT) => {
-            let target = if sub.is_some() { Target::Status } else { Target::Main };
+            let target = if sub.is_some() {
+                Target::Status
+            } else {
+                Target::Main
+            };
             let obj = parse_json(body)?;
-            Ok(json_response(StatusCode::OK, store.replace(def, version, ns, name, obj, target)?))
+            Ok(json_response(
+                StatusCode::OK,
+                store.replace(def, version, ns, name, obj, target)?,
+            ))
         }
         (Some(name), sub @ (None | Some("status")), Method::PATCH) => {
-            let target = if sub.is_some() { Target::Status } else { Target::Main };
-            let kind = PatchKind::from_content_type(headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+            let target = if sub.is_some() {
+                Target::Status
+            } else {
+                Target::Main
+            };
+            let kind = PatchKind::from_content_type(
+                headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+            )?;
             if kind == PatchKind::Apply && query.get("fieldManager").is_none_or(String::is_empty) {
-                return Err(ApiError::BadRequest("PATCH, application/apply-patch+yaml requests require fieldManager to be set".into()));
+                return Err(ApiError::BadRequest(
+                    "PATCH, application/apply-patch+yaml requests require fieldManager to be set"
+                        .into(),
+                ));
             }
             let patch = kind.parse_body(body)?;
             let (obj, created) = store.patch(def, version, ns, name, kind, &patch, target)?;
-            Ok(json_response(if created { StatusCode::CREATED } else { StatusCode::OK }, obj))
+            Ok(json_response(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                obj,
+            ))
         }
         (Some(name), None, Method::DELETE) => {
             let opts = delete_options(query, body)?;
-            Ok(json_response(StatusCode::OK, store.delete(def, version, ns, name, &opts)?))
+            Ok(json_response(
+                StatusCode::OK,
+                store.delete(def, version, ns, name, &opts)?,
+            ))
         }
         (Some(name), Some("scale"), method) => scale(app, &route, name, method, headers, body),
         _ => Err(ApiError::MethodNotAllowed),
@@ -165,14 +266,29 @@ async fn handle(app: &App, route: Route, method: Method, query: &Query, headers:
 }
 
 /// The `/scale` subresource as an `autoscaling/v1` Scale mapped onto the object's paths.
-fn scale(app: &App, route: &Route, name: &str, method: Method, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+fn scale(
+    app: &App,
+    route: &Route,
+    name: &str,
+    method: Method,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     let store = &app.watch.store;
-    let (def, version, ns) = (&route.def, route.version.as_str(), route.namespace.as_deref());
+    let (def, version, ns) = (
+        &route.def,
+        route.version.as_str(),
+        route.namespace.as_deref(),
+    );
     let paths = def.scale.clone().ok_or(ApiError::NoRoute)?;
     let to_scale = |obj: &Value| -> Value {
         let m = meta::meta(obj).cloned().unwrap_or_default();
         let mut status = json!({"replicas": meta::get_path(obj, &paths.status_replicas_path).cloned().unwrap_or(json!(0))});
-        if let Some(sel) = paths.label_selector_path.as_deref().and_then(|p| meta::get_path(obj, p)) {
+        if let Some(sel) = paths
+            .label_selector_path
+            .as_deref()
+            .and_then(|p| meta::get_path(obj, p))
+        {
             status["selector"] = sel.clone();
         }
         json!({
@@ -188,19 +304,34 @@ fn scale(app: &App, route: &Route, name: &str, method: Method, headers: &HeaderM
         Method::GET => return Ok(json_response(StatusCode::OK, to_scale(&current))),
         Method::PUT => parse_json(body)?,
         Method::PATCH => {
-            let kind = PatchKind::from_content_type(headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))?;
+            let kind = PatchKind::from_content_type(
+                headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+            )?;
             kind.apply(&to_scale(&current), &kind.parse_body(body)?)?
         }
         _ => return Err(ApiError::MethodNotAllowed),
     };
-    let replicas = desired.pointer("/spec/replicas").cloned().ok_or_else(|| ApiError::Invalid {
-        subject: super::error::Subject { group: "autoscaling".into(), kind: "Scale".into(), qualified: "Scale.autoscaling".into(), name: name.into() },
-        field: "spec.replicas".into(),
-        detail: "Required value".into(),
-    })?;
+    let replicas = desired
+        .pointer("/spec/replicas")
+        .cloned()
+        .ok_or_else(|| ApiError::Invalid {
+            subject: super::error::Subject {
+                group: "autoscaling".into(),
+                kind: "Scale".into(),
+                qualified: "Scale.autoscaling".into(),
+                name: name.into(),
+            },
+            field: "spec.replicas".into(),
+            detail: "Required value".into(),
+        })?;
     let mut updated = current.clone();
     meta::set_path(&mut updated, &paths.spec_replicas_path, replicas);
-    let rv = desired.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+    let rv = desired
+        .pointer("/metadata/resourceVersion")
+        .cloned()
+        .unwrap_or(Value::Null);
     meta::meta_mut(&mut updated).insert("resourceVersion".into(), rv);
     let written = store.replace(def, version, ns, name, updated, Target::Main)?;
     Ok(json_response(StatusCode::OK, to_scale(&written)))
@@ -211,22 +342,42 @@ fn list(def: &ResourceDef, version: &str, metadata: Value, items: Vec<Value>) ->
 }
 
 fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {
-    let opts: Value = if body.is_empty() { json!({}) } else { parse_json(body)? };
-    if opts.get("dryRun").and_then(Value::as_array).is_some_and(|d| !d.is_empty()) {
-        return Err(ApiError::BadRequest("dryRun is not supported by the test API server".into()));
+    let opts: Value = if body.is_empty() {
+        json!({})
+    } else {
+        parse_json(body)?
+    };
+    if opts
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|d| !d.is_empty())
+    {
+        return Err(ApiError::BadRequest(
+            "dryRun is not supported by the test API server".into(),
+        ));
     }
     let policy = opts
         .get("propagationPolicy")
         .and_then(Value::as_str)
         .map(str::to_string)
         .or_else(|| query.get("propagationPolicy").cloned());
-    let orphan = policy.as_deref() == Some("Orphan") || opts.get("orphanDependents").and_then(Value::as_bool) == Some(true);
-    let precondition = |field: &str| opts.pointer(&format!("/preconditions/{field}")).and_then(Value::as_str).map(str::to_string);
-    Ok(DeleteOptions { orphan, precondition_uid: precondition("uid"), precondition_rv: precondition("resourceVersion") })
+    let orphan = policy.as_deref() == Some("Orphan")
+        || opts.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+    let precondition = |field: &str| {
+        opts.pointer(&format!("/preconditions/{field}"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Ok(DeleteOptions {
+        orphan,
+        precondition_uid: precondition("uid"),
+        precondition_rv: precondition("resourceVersion"),
+    })
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
 }
 
 fn json_response(code: StatusCode, value: Value) -> Response {

@@ -85,7 +85,10 @@ fn parse_requirement(part: &str) -> Result<LabelRequirement, String> {
         return Ok(LabelRequirement::NotExists(valid_key(key.trim())?));
     }
     for (op, ctor) in [
-        ("!=", LabelRequirement::NotEquals as fn(String, String) -> LabelRequirement),
+        (
+            "!=",
+            LabelRequirement::NotEquals as fn(String, String) -> LabelRequirement,
+        ),
         ("==", LabelRequirement::Equals),
         ("=", LabelRequirement::Equals),
     ] {
@@ -131,7 +134,11 @@ fn valid_key(key: &str) -> Result<String, String> {
         None => (None, key),
     };
     if let Some(p) = prefix
-        && (p.is_empty() || p.len() > 253 || !p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'))
+        && (p.is_empty()
+            || p.len() > 253
+            || !p
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'))
     {
         return Err(format!("invalid label key prefix {p:?}"));
     }
@@ -151,7 +158,9 @@ fn valid_value(value: &str) -> Result<String, String> {
 /// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`
 fn is_label_token(s: &str) -> bool {
     let alnum = |c: char| c.is_ascii_alphanumeric();
-    s.starts_with(alnum) && s.ends_with(alnum) && s.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
+    s.starts_with(alnum)
+        && s.ends_with(alnum)
+        && s.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
 }
 
 /// A parsed `fieldSelector` over `metadata.name`, `metadata.namespace` and the resource's selectable fields.
@@ -169,11 +178,18 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(ApiError::BadRequest(format!("invalid selector: '{input}'; can't understand '{part}'")));
+                return Err(ApiError::BadRequest(format!(
+                    "invalid selector: '{input}'; can't understand '{part}'"
+                )));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" && !selectable.iter().any(|s| s == field) {
-                return Err(ApiError::BadRequest(format!("field label not supported: {field}")));
+            if field != "metadata.name"
+                && field != "metadata.namespace"
+                && !selectable.iter().any(|s| s == field)
+            {
+                return Err(ApiError::BadRequest(format!(
+                    "field label not supported: {field}"
+                )));
             }
             reqs.push((field.to_string(), equal, value.trim().to_string()));
         }
@@ -223,13 +239,24 @@ mod tests {
             ("", true),
         ];
         for (sel, want) in cases {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "selector {sel:?}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "selector {sel:?}"
+            );
         }
     }
 
     #[test]
     fn malformed_label_selectors_are_bad_requests() {
-        for sel in ["app in (web", "a b c", "app=web,,x=y", "bad key=1", "app in ()", "-x=1"] {
+        for sel in [
+            "app in (web",
+            "a b c",
+            "app=web,,x=y",
+            "bad key=1",
+            "app in ()",
+            "-x=1",
+        ] {
             let err = LabelSelector::parse(sel).unwrap_err();
             assert_eq!(err.code(), 400, "selector {sel:?}");
         }
@@ -246,10 +273,18 @@ mod tests {
             ("metadata.namespace=ns2", false),
         ];
         for (sel, want) in cases {
-            assert_eq!(FieldSelector::parse(sel, &[]).unwrap().matches(&o), want, "selector {sel:?}");
+            assert_eq!(
+                FieldSelector::parse(sel, &[]).unwrap().matches(&o),
+                want,
+                "selector {sel:?}"
+            );
         }
-        assert_eq!(FieldSelector::parse("spec.x=1", &[]).unwrap_err().code(), 400);
-        let with_extra = FieldSelector::parse("spec.nodeName=n1", &["spec.nodeName".into()]).unwrap();
+        assert_eq!(
+            FieldSelector::parse("spec.x=1", &[]).unwrap_err().code(),
+            400
+        );
+        let with_extra =
+            FieldSelector::parse("spec.nodeName=n1", &["spec.nodeName".into()]).unwrap();
         assert!(with_extra.matches(&json!({"spec": {"nodeName": "n1"}})));
     }
 }

@@ -20,7 +20,10 @@ pub struct ResKey {
 
 impl ResKey {
     pub fn of(def: &ResourceDef) -> Self {
-        Self { group: def.group.clone(), plural: def.plural.clone() }
+        Self {
+            group: def.group.clone(),
+            plural: def.plural.clone(),
+        }
     }
 }
 
@@ -121,12 +124,17 @@ impl Store {
 
     /// A fresh cluster has these namespaces.
     fn seed_namespaces(&self) {
-        let Some(def) = self.registry.find(NAMESPACES.0, "v1", NAMESPACES.1).cloned() else {
+        let Some(def) = self
+            .registry
+            .find(NAMESPACES.0, "v1", NAMESPACES.1)
+            .cloned()
+        else {
             return;
         };
         for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-            self.create(&def, "v1", None, obj).expect("seeding a fresh store cannot conflict");
+            self.create(&def, "v1", None, obj)
+                .expect("seeding a fresh store cannot conflict");
         }
     }
 
@@ -136,7 +144,9 @@ impl Store {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic in another handler must not take the whole test server down.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Subscribe to revision changes (the value is the newest revision).
@@ -155,7 +165,13 @@ impl Store {
         st.compacted = st.rv;
     }
 
-    pub fn create(&self, def: &ResourceDef, version: &str, ns: Option<&str>, mut obj: Value) -> Result<Value, ApiError> {
+    pub fn create(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        ns: Option<&str>,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
         check_type(def, version, &obj)?;
         let ns = object_namespace(def, ns, &obj)?;
         let mut st = self.lock();
@@ -165,7 +181,11 @@ impl Store {
             None => match meta_str(&obj, "generateName") {
                 Some(prefix) => {
                     let prefix = prefix.to_string();
-                    let taken = |n: &str| st.objects.get(&res).is_some_and(|m| m.contains_key(&(ns.clone(), n.to_string())));
+                    let taken = |n: &str| {
+                        st.objects
+                            .get(&res)
+                            .is_some_and(|m| m.contains_key(&(ns.clone(), n.to_string())))
+                    };
                     let mut name = format!("{prefix}{}", meta::name_suffix());
                     while taken(&name) {
                         name = format!("{prefix}{}", meta::name_suffix());
@@ -182,9 +202,16 @@ impl Store {
             },
         };
         if let Some(why) = meta::invalid_name(&name) {
-            return Err(ApiError::Invalid { subject: Subject::kind(def, &name), field: "metadata.name".into(), detail: why });
+            return Err(ApiError::Invalid {
+                subject: Subject::kind(def, &name),
+                field: "metadata.name".into(),
+                detail: why,
+            });
         }
-        if def.namespaced() && st.objects.contains_key(&ns_key()) && !st.objects[&ns_key()].contains_key(&(String::new(), ns.clone())) {
+        if def.namespaced()
+            && st.objects.contains_key(&ns_key())
+            && !st.objects[&ns_key()].contains_key(&(String::new(), ns.clone()))
+        {
             return Err(ApiError::NotFound(Subject {
                 group: String::new(),
                 kind: "namespaces".into(),
@@ -200,7 +227,9 @@ impl Store {
         obj["apiVersion"] = json!(def.api_version(version));
         obj["kind"] = json!(def.kind);
         if def.status {
-            obj.as_object_mut().expect("checked object").remove("status");
+            obj.as_object_mut()
+                .expect("checked object")
+                .remove("status");
         }
         if (res.group.as_str(), res.plural.as_str()) == NAMESPACES {
             meta::set_path(&mut obj, "status.phase", json!("Active"));
@@ -212,20 +241,33 @@ impl Store {
         } else {
             m.remove("namespace");
         }
-        for server_owned in ["deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        for server_owned in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
             m.remove(server_owned);
         }
         m.insert("uid".into(), json!(meta::new_uid()));
         m.insert("creationTimestamp".into(), json!(meta::now_timestamp()));
         m.insert("generation".into(), json!(1));
         m.insert("resourceVersion".into(), json!(rv.to_string()));
-        st.objects.entry(res.clone()).or_default().insert(key, obj.clone());
+        st.objects
+            .entry(res.clone())
+            .or_default()
+            .insert(key, obj.clone());
         self.record(&mut st, res, EventType::Added, obj.clone(), None);
         drop(st);
         Ok(obj)
     }
 
-    pub fn get(&self, def: &ResourceDef, version: &str, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+    pub fn get(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
         let st = self.lock();
         let obj = lookup(&st, def, ns, name)?;
         Ok(with_version(def, version, obj.clone()))
@@ -247,7 +289,9 @@ impl Store {
                 token
                     .split_once('/')
                     .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| ApiError::BadRequest(format!("invalid continue token {token:?}")))?,
+                    .ok_or_else(|| {
+                        ApiError::BadRequest(format!("invalid continue token {token:?}"))
+                    })?,
             ),
             None => None,
         };
@@ -262,11 +306,16 @@ impl Store {
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let (page, rest) = matching.split_at(matching.len().min(limit));
         let continue_token = (!rest.is_empty()).then(|| {
-            let (last_key, _) = page.last().expect("a non-empty rest implies a non-empty page");
+            let (last_key, _) = page
+                .last()
+                .expect("a non-empty rest implies a non-empty page");
             format!("{}/{}", last_key.0, last_key.1)
         });
         Ok(ListPage {
-            items: page.iter().map(|(_, v)| with_version(def, version, (*v).clone())).collect(),
+            items: page
+                .iter()
+                .map(|(_, v)| with_version(def, version, (*v).clone()))
+                .collect(),
             resource_version: st.rv,
             continue_token,
             remaining: (!rest.is_empty()).then_some(rest.len()),
@@ -274,7 +323,15 @@ impl Store {
     }
 
     /// PUT: replace the object (or only its status).
-    pub fn replace(&self, def: &ResourceDef, version: &str, ns: Option<&str>, name: &str, body: Value, target: Target) -> Result<Value, ApiError> {
+    pub fn replace(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        body: Value,
+        target: Target,
+    ) -> Result<Value, ApiError> {
         check_type(def, version, &body)?;
         if let Some(body_name) = meta_str(&body, "name")
             && body_name != name
@@ -335,14 +392,22 @@ impl Store {
         }
         let current = with_version(def, version, old.clone());
         let patched = kind.apply(&current, patch).map_err(|e| match e {
-            ApiError::Invalid { field, detail, .. } => ApiError::Invalid { subject: Subject::kind(def, name), field, detail },
+            ApiError::Invalid { field, detail, .. } => ApiError::Invalid {
+                subject: Subject::kind(def, name),
+                field,
+                detail,
+            },
             other => other,
         })?;
         if !patched.is_object() {
-            return Err(ApiError::BadRequest("the patched object is not a JSON object".into()));
+            return Err(ApiError::BadRequest(
+                "the patched object is not a JSON object".into(),
+            ));
         }
         if meta_str(&patched, "name") != Some(name) {
-            return Err(ApiError::BadRequest("a patch may not change metadata.name".into()));
+            return Err(ApiError::BadRequest(
+                "a patch may not change metadata.name".into(),
+            ));
         }
         let out = self.commit_update(&mut st, def, &old, patched, target)?;
         Ok((with_version(def, version, out), false))
@@ -350,7 +415,14 @@ impl Store {
 
     /// The write path shared by PUT and PATCH: preconditions, protected fields,
     /// finalizer rules, no-op detection, generation, revision, event.
-    fn commit_update(&self, st: &mut State, def: &ResourceDef, old: &Value, mut new: Value, target: Target) -> Result<Value, ApiError> {
+    fn commit_update(
+        &self,
+        st: &mut State,
+        def: &ResourceDef,
+        old: &Value,
+        mut new: Value,
+        target: Target,
+    ) -> Result<Value, ApiError> {
         let name = meta_str(old, "name").unwrap_or_default().to_string();
         if let Some(rv) = meta_str(&new, "resourceVersion")
             && Some(rv) != meta_str(old, "resourceVersion")
@@ -377,7 +449,16 @@ impl Store {
         {
             let old_meta = meta::meta(old).cloned().unwrap_or_default();
             let m = meta_mut(&mut new);
-            for protected in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+            for protected in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ] {
                 match old_meta.get(protected) {
                     Some(v) => m.insert(protected.into(), v.clone()),
                     None => m.remove(protected),
@@ -387,12 +468,17 @@ impl Store {
         let being_deleted = meta_str(old, "deletionTimestamp").is_some();
         if being_deleted {
             let before = meta::finalizers(old);
-            let added: Vec<String> = meta::finalizers(&new).into_iter().filter(|f| !before.contains(f)).collect();
+            let added: Vec<String> = meta::finalizers(&new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
             if !added.is_empty() {
                 return Err(ApiError::Invalid {
                     subject: Subject::kind(def, &name),
                     field: "metadata.finalizers".into(),
-                    detail: format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                    detail: format!(
+                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                    ),
                 });
             }
         }
@@ -410,12 +496,22 @@ impl Store {
         }
         let rv = st.rv + 1;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
-        st.objects.entry(res.clone()).or_default().insert(key, new.clone());
+        st.objects
+            .entry(res.clone())
+            .or_default()
+            .insert(key, new.clone());
         self.record(st, res, EventType::Modified, new.clone(), Some(old.clone()));
         Ok(new)
     }
 
-    pub fn delete(&self, def: &ResourceDef, version: &str, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+    pub fn delete(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
         let mut st = self.lock();
         let obj = lookup(&st, def, ns, name)?.clone();
         if let Some(uid) = &opts.precondition_uid
@@ -423,7 +519,10 @@ impl Store {
         {
             return Err(ApiError::Conflict(
                 Subject::resource(def, name),
-                format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&obj, "uid").unwrap_or_default()),
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&obj, "uid").unwrap_or_default()
+                ),
             ));
         }
         if let Some(rv) = &opts.precondition_rv
@@ -458,7 +557,9 @@ impl Store {
             .get(&res)
             .map(|m| {
                 m.iter()
-                    .filter(|(k, v)| ns.is_none_or(|n| k.0 == n) && labels.matches(v) && fields.matches(v))
+                    .filter(|(k, v)| {
+                        ns.is_none_or(|n| k.0 == n) && labels.matches(v) && fields.matches(v)
+                    })
                     .map(|(k, _)| k.clone())
                     .collect()
             })
@@ -477,12 +578,14 @@ impl Store {
         };
         if meta::finalizers(&obj).is_empty() {
             if orphan {
-                st.orphan_on_delete.insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
+                st.orphan_on_delete
+                    .insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
             }
             return self.remove(st, res, key, obj);
         }
         if orphan {
-            st.orphan_on_delete.insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
+            st.orphan_on_delete
+                .insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
         }
         if meta_str(&obj, "deletionTimestamp").is_some() {
             return obj;
@@ -493,8 +596,17 @@ impl Store {
         m.insert("deletionTimestamp".into(), json!(meta::now_timestamp()));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
         m.insert("resourceVersion".into(), json!(rv.to_string()));
-        st.objects.entry(res.clone()).or_default().insert(key.clone(), marked.clone());
-        self.record(st, res.clone(), EventType::Modified, marked.clone(), Some(obj));
+        st.objects
+            .entry(res.clone())
+            .or_default()
+            .insert(key.clone(), marked.clone());
+        self.record(
+            st,
+            res.clone(),
+            EventType::Modified,
+            marked.clone(),
+            Some(obj),
+        );
         marked
     }
 
@@ -513,7 +625,11 @@ impl Store {
             let inside: Vec<(ResKey, ObjKey)> = st
                 .objects
                 .iter()
-                .flat_map(|(r, m)| m.keys().filter(|k| k.0 == ns).map(move |k| (r.clone(), k.clone())))
+                .flat_map(|(r, m)| {
+                    m.keys()
+                        .filter(|k| k.0 == ns)
+                        .map(move |k| (r.clone(), k.clone()))
+                })
                 .collect();
             for (r, k) in inside {
                 self.delete_object(st, &r, &k, false);
@@ -543,7 +659,10 @@ impl Store {
         let live: HashSet<String> = st
             .objects
             .values()
-            .flat_map(|m| m.values().filter_map(|v| meta_str(v, "uid").map(str::to_string)))
+            .flat_map(|m| {
+                m.values()
+                    .filter_map(|v| meta_str(v, "uid").map(str::to_string))
+            })
             .collect();
         for (res, key) in dependents {
             let Some(obj) = st.objects.get(&res).and_then(|m| m.get(&key)).cloned() else {
@@ -556,7 +675,10 @@ impl Store {
                 if updated != obj {
                     let rv = st.rv + 1;
                     meta_mut(&mut updated).insert("resourceVersion".into(), json!(rv.to_string()));
-                    st.objects.entry(res.clone()).or_default().insert(key, updated.clone());
+                    st.objects
+                        .entry(res.clone())
+                        .or_default()
+                        .insert(key, updated.clone());
                     self.record(st, res, EventType::Modified, updated, Some(obj));
                 }
             } else {
@@ -565,11 +687,27 @@ impl Store {
         }
     }
 
-    fn record(&self, st: &mut State, res: ResKey, kind: EventType, object: Value, prev: Option<Value>) {
+    fn record(
+        &self,
+        st: &mut State,
+        res: ResKey,
+        kind: EventType,
+        object: Value,
+        prev: Option<Value>,
+    ) {
         st.rv += 1;
         let rv = st.rv;
-        debug_assert_eq!(meta_str(&object, "resourceVersion"), Some(rv.to_string()).as_deref());
-        st.history.push_back(Arc::new(StoredEvent { rv, res, kind, object, prev }));
+        debug_assert_eq!(
+            meta_str(&object, "resourceVersion"),
+            Some(rv.to_string()).as_deref()
+        );
+        st.history.push_back(Arc::new(StoredEvent {
+            rv,
+            res,
+            kind,
+            object,
+            prev,
+        }));
         while st.history.len() > st.history_limit {
             if let Some(ev) = st.history.pop_front() {
                 st.compacted = ev.rv;
@@ -579,14 +717,25 @@ impl Store {
     }
 
     /// Where a watch from `resource_version` starts (None/"0" = current state first).
-    pub fn watch_start(&self, def: &ResourceDef, ns: Option<&str>, resource_version: Option<&str>, send_initial: bool) -> Result<WatchStart, ApiError> {
+    pub fn watch_start(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        resource_version: Option<&str>,
+        send_initial: bool,
+    ) -> Result<WatchStart, ApiError> {
         let st = self.lock();
         let from = resource_version.filter(|rv| !rv.is_empty() && *rv != "0");
         if from.is_none() || send_initial {
             let objects = st
                 .objects
                 .get(&ResKey::of(def))
-                .map(|m| m.iter().filter(|(k, _)| ns.is_none_or(|n| k.0 == n)).map(|(_, v)| v.clone()).collect())
+                .map(|m| {
+                    m.iter()
+                        .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
+                        .map(|(_, v)| v.clone())
+                        .collect()
+                })
                 .unwrap_or_default();
             return Ok(WatchStart::Snapshot { objects, rv: st.rv });
         }
@@ -609,7 +758,8 @@ impl Store {
 }
 
 pub fn parse_rv(rv: &str) -> Result<u64, ApiError> {
-    rv.parse().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {rv:?}")))
+    rv.parse()
+        .map_err(|_| ApiError::BadRequest(format!("invalid resource version: {rv:?}")))
 }
 
 fn too_old(rv: u64, oldest: u64) -> ApiError {
@@ -624,7 +774,10 @@ fn conflict(def: &ResourceDef, name: &str) -> ApiError {
 }
 
 fn ns_key() -> ResKey {
-    ResKey { group: NAMESPACES.0.into(), plural: NAMESPACES.1.into() }
+    ResKey {
+        group: NAMESPACES.0.into(),
+        plural: NAMESPACES.1.into(),
+    }
 }
 
 fn obj_key(obj: &Value) -> ObjKey {
@@ -634,8 +787,21 @@ fn obj_key(obj: &Value) -> ObjKey {
     )
 }
 
-fn lookup<'a>(st: &'a State, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<&'a Value, ApiError> {
-    let key = (if def.namespaced() { ns.unwrap_or_default() } else { "" }.to_string(), name.to_string());
+fn lookup<'a>(
+    st: &'a State,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<&'a Value, ApiError> {
+    let key = (
+        if def.namespaced() {
+            ns.unwrap_or_default()
+        } else {
+            ""
+        }
+        .to_string(),
+        name.to_string(),
+    );
     st.objects
         .get(&ResKey::of(def))
         .and_then(|m| m.get(&key))
@@ -666,7 +832,9 @@ fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
 
 fn check_type(def: &ResourceDef, version: &str, obj: &Value) -> Result<(), ApiError> {
     if !obj.is_object() {
-        return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
+        return Err(ApiError::BadRequest(
+            "the request body must be a JSON object".into(),
+        ));
     }
     if let Some(kind) = obj.get("kind").and_then(Value::as_str)
         && !kind.is_empty()
@@ -674,7 +842,9 @@ fn check_type(def: &ResourceDef, version: &str, obj: &Value) -> Result<(), ApiEr
     {
         return Err(ApiError::BadRequest(format!(
             "the API version in the data ({}) does not match the expected API version ({}), or kind {kind} is not {}",
-            obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default(),
+            obj.get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
             def.api_version(version),
             def.kind
         )));
@@ -692,18 +862,25 @@ fn check_type(def: &ResourceDef, version: &str, obj: &Value) -> Result<(), ApiEr
 }
 
 /// The namespace an object is created in: the URL's, which the body may repeat but not contradict.
-fn object_namespace(def: &ResourceDef, url_ns: Option<&str>, obj: &Value) -> Result<String, ApiError> {
+fn object_namespace(
+    def: &ResourceDef,
+    url_ns: Option<&str>,
+    obj: &Value,
+) -> Result<String, ApiError> {
     if !def.namespaced() {
         return Ok(String::new());
     }
     let body_ns = meta_str(obj, "namespace");
     match (url_ns, body_ns) {
         (Some(u), Some(b)) if u != b => Err(ApiError::BadRequest(
-            "the namespace of the provided object does not match the namespace sent on the request".into(),
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
         )),
         (Some(u), _) => Ok(u.to_string()),
         (None, Some(b)) => Ok(b.to_string()),
-        (None, None) => Err(ApiError::BadRequest("a namespace is required to create a namespaced object".into())),
+        (None, None) => Err(ApiError::BadRequest(
+            "a namespace is required to create a namespaced object".into(),
+        )),
     }
 }
 

@@ -57,9 +57,12 @@ async fn run(ctx: WatchContext, req: WatchRequest, tx: mpsc::Sender<Result<Bytes
     bookmark_tick.reset();
 
     revisions.borrow_and_update();
-    let start = ctx
-        .store
-        .watch_start(&req.def, req.namespace.as_deref(), req.resource_version.as_deref(), req.send_initial_events);
+    let start = ctx.store.watch_start(
+        &req.def,
+        req.namespace.as_deref(),
+        req.resource_version.as_deref(),
+        req.send_initial_events,
+    );
     let mut position = match start {
         Err(err) => {
             let _ = send(&tx, error_event(&err)).await;
@@ -68,13 +71,19 @@ async fn run(ctx: WatchContext, req: WatchRequest, tx: mpsc::Sender<Result<Bytes
         Ok(WatchStart::From(rv)) => rv,
         Ok(WatchStart::Snapshot { objects, rv }) => {
             for obj in objects.into_iter().filter(|o| matches(&req, o)) {
-                if !send(&tx, event("ADDED", with_version(&req.def, &req.version, obj))).await {
+                if !send(
+                    &tx,
+                    event("ADDED", with_version(&req.def, &req.version, obj)),
+                )
+                .await
+                {
                     return;
                 }
             }
             if req.send_initial_events && req.bookmarks {
                 let mut mark = bookmark(&req, rv);
-                mark["object"]["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+                mark["object"]["metadata"]["annotations"] =
+                    json!({"k8s.io/initial-events-end": "true"});
                 if !send(&tx, mark).await {
                     return;
                 }
@@ -121,7 +130,10 @@ async fn run(ctx: WatchContext, req: WatchRequest, tx: mpsc::Sender<Result<Bytes
 }
 
 fn matches(req: &WatchRequest, obj: &Value) -> bool {
-    let ns_ok = req.namespace.as_deref().is_none_or(|ns| obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns));
+    let ns_ok = req
+        .namespace
+        .as_deref()
+        .is_none_or(|ns| obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns));
     ns_ok && req.labels.matches(obj) && req.fields.matches(obj)
 }
 
@@ -145,7 +157,10 @@ fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Value> {
             }
         }
     }?;
-    Some(event(kind, with_version(&req.def, &req.version, ev.object.clone())))
+    Some(event(
+        kind,
+        with_version(&req.def, &req.version, ev.object.clone()),
+    ))
 }
 
 fn event(kind: &str, object: Value) -> Value {

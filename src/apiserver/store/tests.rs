@@ -41,15 +41,21 @@ fn generation_counts_spec_changes_only() {
     assert_eq!(created["metadata"]["generation"], 1);
     let mut labelled = created.clone();
     labelled["metadata"]["labels"] = json!({"a": "b"});
-    let labelled = s.replace(&def, "v1", Some("ns"), "w", labelled, Target::Main).unwrap();
+    let labelled = s
+        .replace(&def, "v1", Some("ns"), "w", labelled, Target::Main)
+        .unwrap();
     assert_eq!(labelled["metadata"]["generation"], 1);
     let mut status = labelled.clone();
     status["status"] = json!({"ready": true});
-    let status = s.replace(&def, "v1", Some("ns"), "w", status, Target::Status).unwrap();
+    let status = s
+        .replace(&def, "v1", Some("ns"), "w", status, Target::Status)
+        .unwrap();
     assert_eq!(status["metadata"]["generation"], 1);
     let mut spec = status.clone();
     spec["spec"]["size"] = json!(2);
-    let spec = s.replace(&def, "v1", Some("ns"), "w", spec, Target::Main).unwrap();
+    let spec = s
+        .replace(&def, "v1", Some("ns"), "w", spec, Target::Main)
+        .unwrap();
     assert_eq!(spec["metadata"]["generation"], 2);
     assert_eq!(spec["status"]["ready"], true);
 }
@@ -58,7 +64,9 @@ fn generation_counts_spec_changes_only() {
 fn unchanged_write_keeps_revision() {
     let (s, def) = store(100);
     let created = s.create(&def, "v1", Some("ns"), widget("w")).unwrap();
-    let again = s.replace(&def, "v1", Some("ns"), "w", created.clone(), Target::Main).unwrap();
+    let again = s
+        .replace(&def, "v1", Some("ns"), "w", created.clone(), Target::Main)
+        .unwrap();
     assert_eq!(rv(&again), rv(&created));
 }
 
@@ -68,9 +76,12 @@ fn stale_resource_version_conflicts() {
     let created = s.create(&def, "v1", Some("ns"), widget("w")).unwrap();
     let mut changed = created.clone();
     changed["spec"]["size"] = json!(5);
-    s.replace(&def, "v1", Some("ns"), "w", changed.clone(), Target::Main).unwrap();
+    s.replace(&def, "v1", Some("ns"), "w", changed.clone(), Target::Main)
+        .unwrap();
     changed["spec"]["size"] = json!(6);
-    let err = s.replace(&def, "v1", Some("ns"), "w", changed, Target::Main).unwrap_err();
+    let err = s
+        .replace(&def, "v1", Some("ns"), "w", changed, Target::Main)
+        .unwrap_err();
     assert_eq!(err.code(), 409);
 }
 
@@ -79,7 +90,8 @@ fn owner_deletion_collects_dependents_and_keeps_finalized_ones() {
     let (s, def) = store(100);
     let owner = s.create(&def, "v1", Some("ns"), widget("owner")).unwrap();
     let uid = owner["metadata"]["uid"].as_str().unwrap();
-    let refs = json!([{"apiVersion": "example.com/v1", "kind": "Widget", "name": "owner", "uid": uid}]);
+    let refs =
+        json!([{"apiVersion": "example.com/v1", "kind": "Widget", "name": "owner", "uid": uid}]);
     let mut plain = widget("plain");
     plain["metadata"]["ownerReferences"] = refs.clone();
     let mut guarded = widget("guarded");
@@ -87,8 +99,12 @@ fn owner_deletion_collects_dependents_and_keeps_finalized_ones() {
     guarded["metadata"]["finalizers"] = json!(["example.com/keep"]);
     s.create(&def, "v1", Some("ns"), plain).unwrap();
     s.create(&def, "v1", Some("ns"), guarded).unwrap();
-    s.delete(&def, "v1", Some("ns"), "owner", &DeleteOptions::default()).unwrap();
-    assert_eq!(s.get(&def, "v1", Some("ns"), "plain").unwrap_err().code(), 404);
+    s.delete(&def, "v1", Some("ns"), "owner", &DeleteOptions::default())
+        .unwrap();
+    assert_eq!(
+        s.get(&def, "v1", Some("ns"), "plain").unwrap_err().code(),
+        404
+    );
     let kept = s.get(&def, "v1", Some("ns"), "guarded").unwrap();
     assert!(meta_str(&kept, "deletionTimestamp").is_some());
 }
