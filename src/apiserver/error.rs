@@ -50,7 +50,7 @@ pub enum ApiError {
     Conflict(Subject, String),
     #[error("{} \"{}\" is invalid: {}: {}", .subject.qualified, .subject.name, .field, .detail)]
     Invalid {
-        subject: Subject,
+        subject: Box<Subject>,
         field: String,
         detail: String,
     },
@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn invalid_names_kind_and_field() {
         let err = ApiError::Invalid {
-            subject: Subject::kind(&kcp(), "kcp-1"),
+            subject: Box::new(Subject::kind(&kcp(), "kcp-1")),
             field: "metadata.finalizers".into(),
             detail: "Forbidden: no new finalizers can be added if the object is being deleted"
                 .into(),

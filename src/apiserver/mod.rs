@@ -246,3 +246,80 @@ impl Drop for TestApiServer {
         self.shutdown.cancel();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams, WatchParams};
+
+    fn config_map(name: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_yields_a_working_client() {
+        let server = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        let yaml = serde_yaml::to_string(&server.kubeconfig()).unwrap();
+        let kubeconfig: Kubeconfig = serde_yaml::from_str(&yaml).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let cms: Api<ConfigMap> = Api::default_namespaced(client);
+        cms.create(&PostParams::default(), &config_map("from-kubeconfig"))
+            .await
+            .unwrap();
+        assert!(cms.get_opt("from-kubeconfig").await.unwrap().is_some());
+        server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn servers_in_one_process_are_independent() {
+        let a = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        let b = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        assert_ne!(a.url(), b.url());
+        Api::<ConfigMap>::default_namespaced(a.client())
+            .create(&PostParams::default(), &config_map("only-in-a"))
+            .await
+            .unwrap();
+        let in_b = Api::<ConfigMap>::default_namespaced(b.client())
+            .get_opt("only-in-a")
+            .await
+            .unwrap();
+        assert!(in_b.is_none());
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_open_watches() {
+        let server = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        let cms: Api<ConfigMap> = Api::default_namespaced(server.client());
+        let mut events = Box::pin(cms.watch(&WatchParams::default(), "0").await.unwrap());
+        let stopped = tokio::time::timeout(Duration::from_secs(30), async {
+            server.shutdown().await;
+            while events.try_next().await.ok().flatten().is_some() {}
+        });
+        stopped
+            .await
+            .expect("shutdown completes and the watch ends");
+    }
+}

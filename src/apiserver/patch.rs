@@ -65,7 +65,7 @@ impl PatchKind {
                         ))
                     })?;
                 json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::Invalid {
-                    subject: Default::default(),
+                    subject: Box::default(),
                     field: "patch".into(),
                     detail: e.to_string(),
                 })?;

@@ -16,7 +16,7 @@ use super::meta;
 use super::patch::PatchKind;
 use super::resource::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOptions, Target};
+use super::store::{DeleteOptions, ListQuery, Target};
 use super::watch::{self, WatchContext, WatchRequest};
 
 /// Shared state of the HTTP handlers.
@@ -149,7 +149,7 @@ async fn handle(
                         .is_some_and(|b| b == "true" || b == "1"),
                     timeout: Duration::from_secs(timeout),
                 };
-                let body = watch::start(app.watch.clone(), req);
+                let body = watch::start(app.watch.clone(), req)?;
                 return Ok(
                     ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
                 );
@@ -161,15 +161,13 @@ async fn handle(
                 ),
                 None => None,
             };
-            let page = store.list(
-                def,
-                version,
-                ns,
-                &labels,
-                &fields,
+            let list_query = ListQuery {
+                labels: &labels,
+                fields: &fields,
                 limit,
-                query.get("continue").map(String::as_str),
-            )?;
+                continue_token: query.get("continue").map(String::as_str),
+            };
+            let page = store.list(def, version, ns, &list_query)?;
             let mut metadata = json!({"resourceVersion": page.resource_version.to_string()});
             if let Some(token) = page.continue_token {
                 metadata["continue"] = json!(token);
@@ -317,12 +315,12 @@ fn scale(
         .pointer("/spec/replicas")
         .cloned()
         .ok_or_else(|| ApiError::Invalid {
-            subject: super::error::Subject {
+            subject: Box::new(super::error::Subject {
                 group: "autoscaling".into(),
                 kind: "Scale".into(),
                 qualified: "Scale.autoscaling".into(),
                 name: name.into(),
-            },
+            }),
             field: "spec.replicas".into(),
             detail: "Required value".into(),
         })?;

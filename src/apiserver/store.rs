@@ -63,6 +63,16 @@ pub struct DeleteOptions {
     pub precondition_rv: Option<String>,
 }
 
+/// Which objects a list returns, and which page of them.
+#[derive(Clone, Copy, Debug)]
+pub struct ListQuery<'a> {
+    pub labels: &'a LabelSelector,
+    pub fields: &'a FieldSelector,
+    /// Page size; `None` or 0 returns everything.
+    pub limit: Option<usize>,
+    pub continue_token: Option<&'a str>,
+}
+
 /// A page of a list.
 #[derive(Debug)]
 pub struct ListPage {
@@ -194,7 +204,7 @@ impl Store {
                 }
                 None => {
                     return Err(ApiError::Invalid {
-                        subject: Subject::kind(def, ""),
+                        subject: Box::new(Subject::kind(def, "")),
                         field: "metadata.name".into(),
                         detail: "Required value: name or generateName is required".into(),
                     });
@@ -203,7 +213,7 @@ impl Store {
         };
         if let Some(why) = meta::invalid_name(&name) {
             return Err(ApiError::Invalid {
-                subject: Subject::kind(def, &name),
+                subject: Box::new(Subject::kind(def, &name)),
                 field: "metadata.name".into(),
                 detail: why,
             });
@@ -278,11 +288,14 @@ impl Store {
         def: &ResourceDef,
         version: &str,
         ns: Option<&str>,
-        labels: &LabelSelector,
-        fields: &FieldSelector,
-        limit: Option<usize>,
-        continue_token: Option<&str>,
+        query: &ListQuery<'_>,
     ) -> Result<ListPage, ApiError> {
+        let ListQuery {
+            labels,
+            fields,
+            limit,
+            continue_token,
+        } = *query;
         let st = self.lock();
         let start_after = match continue_token.filter(|t| !t.is_empty()) {
             Some(token) => Some(
@@ -393,7 +406,7 @@ impl Store {
         let current = with_version(def, version, old.clone());
         let patched = kind.apply(&current, patch).map_err(|e| match e {
             ApiError::Invalid { field, detail, .. } => ApiError::Invalid {
-                subject: Subject::kind(def, name),
+                subject: Box::new(Subject::kind(def, name)),
                 field,
                 detail,
             },
@@ -474,7 +487,7 @@ impl Store {
                 .collect();
             if !added.is_empty() {
                 return Err(ApiError::Invalid {
-                    subject: Subject::kind(def, &name),
+                    subject: Box::new(Subject::kind(def, &name)),
                     field: "metadata.finalizers".into(),
                     detail: format!(
                         "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"

@@ -40,29 +40,44 @@ pub struct WatchContext {
 }
 
 /// Start a watch: the body streams events until timeout, shutdown, expiry or client disconnect.
-pub fn start(ctx: WatchContext, req: WatchRequest) -> Body {
-    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
-    tokio::spawn(run(ctx, req, tx));
-    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-async fn run(ctx: WatchContext, req: WatchRequest, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
-    let mut revisions = ctx.store.subscribe();
+/// A too-old resourceVersion is reported in the stream (an ERROR event with 410 Gone, as the
+/// real server's watch cache does); other bad requests are answered before streaming.
+pub fn start(ctx: WatchContext, req: WatchRequest) -> Result<Body, ApiError> {
+    // Subscribe before reading the start point so no later revision is missed.
+    let revisions = ctx.store.subscribe();
     let mut expiry = ctx.expiry.clone();
     expiry.borrow_and_update();
-    let deadline = tokio::time::sleep(req.timeout);
-    tokio::pin!(deadline);
-    let res = ResKey::of(&req.def);
-    let mut bookmark_tick = tokio::time::interval(ctx.bookmark_interval);
-    bookmark_tick.reset();
-
-    revisions.borrow_and_update();
     let start = ctx.store.watch_start(
         &req.def,
         req.namespace.as_deref(),
         req.resource_version.as_deref(),
         req.send_initial_events,
     );
+    let start = match start {
+        Err(err) if err.code() != 410 => return Err(err),
+        other => other,
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
+    tokio::spawn(run(ctx, req, start, revisions, expiry, tx));
+    Ok(Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ))
+}
+
+async fn run(
+    ctx: WatchContext,
+    req: WatchRequest,
+    start: Result<WatchStart, ApiError>,
+    mut revisions: tokio::sync::watch::Receiver<u64>,
+    mut expiry: tokio::sync::watch::Receiver<u64>,
+    tx: mpsc::Sender<Result<Bytes, Infallible>>,
+) {
+    let deadline = tokio::time::sleep(req.timeout);
+    tokio::pin!(deadline);
+    let res = ResKey::of(&req.def);
+    let mut bookmark_tick = tokio::time::interval(ctx.bookmark_interval);
+    bookmark_tick.reset();
+
     let mut position = match start {
         Err(err) => {
             let _ = send(&tx, error_event(&err)).await;
