@@ -2,6 +2,7 @@
 //! talks to it over HTTP (CRUD, patches, status/scale subresources, finalizers, owner
 //! garbage collection, selectors, paging and watch). Deviations: docs/apiserver.md.
 
+mod builtin;
 mod discovery;
 mod error;
 mod meta;

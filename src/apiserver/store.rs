@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
 
+use super::builtin;
 use super::error::{ApiError, Subject};
 use super::meta::{self, meta_mut, meta_str};
 use super::patch::PatchKind;
@@ -234,6 +235,7 @@ impl Store {
             return Err(ApiError::AlreadyExists(Subject::resource(def, &name)));
         }
         let rv = st.rv + 1;
+        builtin::normalize(&res, &mut obj);
         obj["apiVersion"] = json!(def.api_version(version));
         obj["kind"] = json!(def.kind);
         if def.status {
@@ -495,6 +497,7 @@ impl Store {
                 });
             }
         }
+        builtin::normalize(&ResKey::of(def), &mut new);
         if new == *old {
             // The real server skips unchanged writes: no new revision, no event.
             return Ok(old.clone());

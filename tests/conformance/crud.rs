@@ -215,3 +215,44 @@ async fn resource_version_of_a_list_is_at_least_that_of_its_items() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn create_in_a_missing_namespace_is_not_found_404() {
+    run("missing-namespace", |env| async move {
+        let missing = format!("{}-missing", env.ns);
+        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(env.client.clone(), &missing);
+        let status = status_of(
+            cms.create(&PostParams::default(), &config_map("cm", &[]))
+                .await,
+        );
+        assert_eq!(status.code, 404);
+        assert_eq!(
+            status.message,
+            format!("namespaces \"{missing}\" not found")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn secret_string_data_is_stored_as_base64_data_with_default_type() {
+    run("secret-string-data", |env| async move {
+        let mut secret = k8s_openapi::api::core::v1::Secret::default();
+        secret.metadata.name = Some("creds".into());
+        secret.string_data = Some([("password".to_string(), "hunter2".to_string())].into());
+        env.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let stored = env.secrets().get("creds").await.unwrap();
+        assert!(stored.string_data.is_none());
+        let data = stored.data.expect("data is filled from stringData");
+        assert_eq!(
+            data.get("password").map(|b| b.0.as_slice()),
+            Some(b"hunter2".as_slice())
+        );
+        assert_eq!(stored.type_.as_deref(), Some("Opaque"));
+    })
+    .await;
+}

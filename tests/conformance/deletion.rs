@@ -261,3 +261,33 @@ async fn delete_collection_removes_objects_matching_the_selector() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn delete_with_a_stale_resource_version_precondition_is_conflict_409() {
+    run("delete-precondition", |env| async move {
+        let created = env
+            .kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        env.kcps()
+            .patch(
+                "kcp-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 5}})),
+            )
+            .await
+            .unwrap();
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: created.resource_version(),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let status = status_of(env.kcps().delete("kcp-1", &dp).await);
+        assert_eq!(status.code, 409);
+        assert!(env.kcps().get_opt("kcp-1").await.unwrap().is_some());
+    })
+    .await;
+}

@@ -319,3 +319,49 @@ async fn watch_from_a_too_old_resource_version_is_gone_410() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn watch_across_all_namespaces_sees_every_namespace() {
+    run("watch-all-namespaces", |env| async move {
+        let other = env.namespace("conf-watch-other").await;
+        let label = format!("run={}", env.ns);
+        let all: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::all(env.client.clone());
+        let rv = all
+            .list(&ListParams::default().labels(&label))
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
+        let mut events: Events<_> = all
+            .watch(&WatchParams::default().labels(&label).timeout(60), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        let labels = [("run", env.ns.as_str())];
+        env.config_maps()
+            .create(&PostParams::default(), &config_map("here", &labels))
+            .await
+            .unwrap();
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(env.client.clone(), &other)
+            .create(&PostParams::default(), &config_map("there", &labels))
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            match next_change(&mut events).await {
+                WatchEvent::Added(cm) => seen.push((cm.namespace().unwrap(), cm.name_any())),
+                other => panic!("expected ADDED, got {:?}", describe(&other)),
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (env.ns.clone(), "here".to_string()),
+                (other, "there".to_string())
+            ]
+        );
+    })
+    .await;
+}
