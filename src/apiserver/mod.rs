@@ -251,7 +251,7 @@ impl Drop for TestApiServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::TryStreamExt;
+    use futures::{StreamExt, TryStreamExt};
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, PostParams, WatchParams};
 
@@ -322,5 +322,37 @@ mod tests {
         stopped
             .await
             .expect("shutdown completes and the watch ends");
+    }
+
+    #[tokio::test]
+    async fn legacy_single_object_watch_sees_only_that_object() {
+        let server = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        let client = server.client();
+        let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+        for name in ["watched", "other"] {
+            cms.create(&PostParams::default(), &config_map(name))
+                .await
+                .unwrap();
+        }
+        let request = http::Request::get(
+            "/api/v1/namespaces/default/configmaps/watched?watch=true&resourceVersion=0&timeoutSeconds=1",
+        )
+        .body(Vec::new())
+        .unwrap();
+        let stream = client.request_events::<ConfigMap>(request).await.unwrap();
+        let events: Vec<Result<kube::api::WatchEvent<ConfigMap>, kube::Error>> =
+            stream.collect().await;
+        let names: Vec<String> = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(kube::api::WatchEvent::Added(cm)) => cm.metadata.name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, vec!["watched".to_string()]);
     }
 }

@@ -120,14 +120,17 @@ async fn handle(
     let ns = route.namespace.as_deref();
     let (def, version) = (&route.def, route.version.as_str());
     match (route.name.as_deref(), route.subresource.as_deref(), method) {
-        (None, None, Method::GET) => {
+        (name, None, Method::GET) if name.is_none() || is_watch(query) => {
             let labels =
                 LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fields = FieldSelector::parse(
-                query.get("fieldSelector").map(String::as_str).unwrap_or(""),
-                &def.selectable_fields,
-            )?;
-            if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            // The legacy single-object watch (`.../name?watch=true`) is a name field selector.
+            let field_query = match (name, query.get("fieldSelector")) {
+                (Some(n), Some(f)) if !f.is_empty() => format!("{f},metadata.name={n}"),
+                (Some(n), _) => format!("metadata.name={n}"),
+                (None, f) => f.cloned().unwrap_or_default(),
+            };
+            let fields = FieldSelector::parse(&field_query, &def.selectable_fields)?;
+            if is_watch(query) {
                 let timeout = match query.get("timeoutSeconds") {
                     Some(t) => t.parse::<u64>().map_err(|_| {
                         ApiError::BadRequest(format!("invalid timeoutSeconds {t:?}"))
@@ -333,6 +336,10 @@ fn scale(
     meta::meta_mut(&mut updated).insert("resourceVersion".into(), rv);
     let written = store.replace(def, version, ns, name, updated, Target::Main)?;
     Ok(json_response(StatusCode::OK, to_scale(&written)))
+}
+
+fn is_watch(query: &Query) -> bool {
+    query.get("watch").is_some_and(|w| w == "true" || w == "1")
 }
 
 fn list(def: &ResourceDef, version: &str, metadata: Value, items: Vec<Value>) -> Value {
