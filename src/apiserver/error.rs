@@ -60,6 +60,9 @@ pub enum ApiError {
     Gone(String),
     #[error("the server does not allow this method on the requested resource")]
     MethodNotAllowed,
+    /// The real server answers some client mistakes with a bare 500 (no reason).
+    #[error("{0}")]
+    Internal(String),
     #[error("the body of the request was in an unknown format - accepted media types include: {0}")]
     UnsupportedMediaType(String),
 }
@@ -74,6 +77,7 @@ impl ApiError {
             Self::Gone(_) => 410,
             Self::MethodNotAllowed => 405,
             Self::UnsupportedMediaType(_) => 415,
+            Self::Internal(_) => 500,
         }
     }
 
@@ -87,6 +91,7 @@ impl ApiError {
             Self::Gone(_) => "Expired",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            Self::Internal(_) => "",
         }
     }
 
@@ -117,6 +122,12 @@ impl ApiError {
             )),
             _ => None,
         };
+        if self.reason().is_empty() {
+            status
+                .as_object_mut()
+                .expect("built as an object")
+                .remove("reason");
+        }
         if let Some(d) = details {
             status["details"] = d;
         }

@@ -121,8 +121,10 @@ impl TestApiServerBuilder {
                 expiry: expiry_rx,
             },
         });
+        // The real server's request body limit is 3 MiB (axum's default would be 2 MiB).
         let router = axum::Router::new()
             .fallback(routes::dispatch)
+            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(app);
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {

@@ -135,8 +135,10 @@ async fn handle(
                     Some(t) => t.parse::<u64>().map_err(|_| {
                         ApiError::BadRequest(format!("invalid timeoutSeconds {t:?}"))
                     })?,
-                    None => 1800,
+                    None => 0,
                 };
+                // Absent or 0: the server picks (real: 30-60 min at random).
+                let timeout = if timeout == 0 { 1800 } else { timeout };
                 let req = WatchRequest {
                     def: def.clone(),
                     version: version.to_string(),

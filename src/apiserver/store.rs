@@ -184,6 +184,14 @@ impl Store {
         mut obj: Value,
     ) -> Result<Value, ApiError> {
         check_type(def, version, &obj)?;
+        if meta_str(&obj, "resourceVersion")
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .is_some_and(|rv| rv != 0)
+        {
+            return Err(ApiError::Internal(
+                "resourceVersion should not be set on objects to be created".into(),
+            ));
+        }
         let ns = object_namespace(def, ns, &obj)?;
         let mut st = self.lock();
         let res = ResKey::of(def);

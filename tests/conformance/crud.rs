@@ -256,3 +256,23 @@ async fn secret_string_data_is_stored_as_base64_data_with_default_type() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn create_with_a_resource_version_set_is_refused_500() {
+    run("create-with-rv", |env| async move {
+        let created = env
+            .kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let mut copy = kcp("kcp-2");
+        copy.metadata.resource_version = created.resource_version();
+        let status = status_of(env.kcps().create(&PostParams::default(), &copy).await);
+        assert_eq!(status.code, 500);
+        assert_eq!(
+            status.message,
+            "resourceVersion should not be set on objects to be created"
+        );
+    })
+    .await;
+}
