@@ -17,7 +17,7 @@ use super::patch::PatchKind;
 use super::resource::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{DeleteOptions, ListQuery, Target};
-use super::watch::{self, WatchContext, WatchRequest};
+use super::watch::{self, WatchContext, WatchRequest, partial_object};
 
 /// Shared state of the HTTP handlers.
 #[derive(Clone)]
@@ -117,6 +117,7 @@ async fn handle(
         ));
     }
     let store = &app.watch.store;
+    let partial = wants_partial_metadata(headers);
     let ns = route.namespace.as_deref();
     let (def, version) = (&route.def, route.version.as_str());
     match (route.name.as_deref(), route.subresource.as_deref(), method) {
@@ -153,6 +154,7 @@ async fn handle(
                         .get("sendInitialEvents")
                         .is_some_and(|b| b == "true" || b == "1"),
                     timeout: Duration::from_secs(timeout),
+                    metadata_only: partial,
                 };
                 let body = watch::start(app.watch.clone(), req)?;
                 return Ok(
@@ -178,7 +180,8 @@ async fn handle(
                 metadata["continue"] = json!(token);
                 metadata["remainingItemCount"] = json!(page.remaining.unwrap_or(0));
             }
-            Ok(json_response(
+            Ok(respond(
+                partial,
                 StatusCode::OK,
                 list(def, version, metadata, page.items),
             ))
@@ -186,7 +189,7 @@ async fn handle(
         (None, None, Method::POST) => {
             let obj = parse_json(body)?;
             let created = store.create(def, version, ns, obj)?;
-            Ok(json_response(StatusCode::CREATED, created))
+            Ok(respond(partial, StatusCode::CREATED, created))
         }
         (None, None, Method::DELETE) => {
             let labels =
@@ -198,7 +201,8 @@ async fn handle(
             let opts = delete_options(query, body)?;
             let (items, rv) =
                 store.delete_collection(def, version, ns, &labels, &fields, opts.orphan)?;
-            Ok(json_response(
+            Ok(respond(
+                partial,
                 StatusCode::OK,
                 list(
                     def,
@@ -208,11 +212,13 @@ async fn handle(
                 ),
             ))
         }
-        (Some(name), None, Method::GET) => Ok(json_response(
+        (Some(name), None, Method::GET) => Ok(respond(
+            partial,
             StatusCode::OK,
             store.get(def, version, ns, name)?,
         )),
-        (Some(name), Some("status"), Method::GET) => Ok(json_response(
+        (Some(name), Some("status"), Method::GET) => Ok(respond(
+            partial,
             StatusCode::OK,
             store.get(def, version, ns, name)?,
         )),
@@ -223,7 +229,8 @@ async fn handle(
                 Target::Main
             };
             let obj = parse_json(body)?;
-            Ok(json_response(
+            Ok(respond(
+                partial,
                 StatusCode::OK,
                 store.replace(def, version, ns, name, obj, target)?,
             ))
@@ -247,7 +254,8 @@ async fn handle(
             }
             let patch = kind.parse_body(body)?;
             let (obj, created) = store.patch(def, version, ns, name, kind, &patch, target)?;
-            Ok(json_response(
+            Ok(respond(
+                partial,
                 if created {
                     StatusCode::CREATED
                 } else {
@@ -258,7 +266,8 @@ async fn handle(
         }
         (Some(name), None, Method::DELETE) => {
             let opts = delete_options(query, body)?;
-            Ok(json_response(
+            Ok(respond(
+                partial,
                 StatusCode::OK,
                 store.delete(def, version, ns, name, &opts)?,
             ))
@@ -385,6 +394,32 @@ fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
+}
+
+/// kube's `*_metadata` calls ask for `PartialObjectMetadata(List)` in the Accept header.
+fn wants_partial_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("as=PartialObjectMetadata"))
+}
+
+/// An object or list response, reduced to metadata when the client asked for that.
+fn respond(partial: bool, code: StatusCode, value: Value) -> Response {
+    if !partial {
+        return json_response(code, value);
+    }
+    let reduced = match value.get("items").and_then(Value::as_array) {
+        Some(items) => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": value.get("metadata").cloned().unwrap_or(json!({})),
+            "items": items.iter().map(partial_object).collect::<Vec<_>>(),
+        }),
+        None => partial_object(&value),
+    };
+    json_response(code, reduced)
 }
 
 fn json_response(code: StatusCode, value: Value) -> Response {

@@ -26,6 +26,8 @@ pub struct WatchRequest {
     pub bookmarks: bool,
     pub send_initial_events: bool,
     pub timeout: Duration,
+    /// Send `PartialObjectMetadata` instead of whole objects.
+    pub metadata_only: bool,
 }
 
 /// Server-wide watch settings and signals.
@@ -86,12 +88,7 @@ async fn run(
         Ok(WatchStart::From(rv)) => rv,
         Ok(WatchStart::Snapshot { objects, rv }) => {
             for obj in objects.into_iter().filter(|o| matches(&req, o)) {
-                if !send(
-                    &tx,
-                    event("ADDED", with_version(&req.def, &req.version, obj)),
-                )
-                .await
-                {
+                if !send(&tx, event("ADDED", shown(&req, obj))).await {
                     return;
                 }
             }
@@ -172,10 +169,26 @@ fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Value> {
             }
         }
     }?;
-    Some(event(
-        kind,
-        with_version(&req.def, &req.version, ev.object.clone()),
-    ))
+    Some(event(kind, shown(req, ev.object.clone())))
+}
+
+/// The `meta.k8s.io/v1` PartialObjectMetadata view of an object.
+pub fn partial_object(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+/// The object as this watch shows it: in the requested version, or only its metadata.
+fn shown(req: &WatchRequest, obj: Value) -> Value {
+    let obj = with_version(&req.def, &req.version, obj);
+    if req.metadata_only {
+        partial_object(&obj)
+    } else {
+        obj
+    }
 }
 
 fn event(kind: &str, object: Value) -> Value {

@@ -279,3 +279,52 @@ async fn kube_runtime_event_recorder_publishes_and_aggregates_events() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn metadata_only_requests_and_metadata_watcher_get_partial_object_metadata() {
+    run("runtime-metadata", |env| async move {
+        // kube 5: an Api over PartialObjectMeta makes metadata-only requests.
+        let metas: Api<kube::core::PartialObjectMeta<DynamicObject>> =
+            Api::namespaced_with(env.client.clone(), &env.ns, &kcp_resource());
+        let mut events = watcher(metas, watcher::Config::default()).boxed();
+        env.kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let meta = env.kcps().get_metadata("kcp-1").await.unwrap();
+        assert_eq!(
+            meta.types.as_ref().map(|t| t.kind.as_str()),
+            Some("PartialObjectMetadata")
+        );
+        assert_eq!(meta.metadata.name.as_deref(), Some("kcp-1"));
+        let list = env
+            .kcps()
+            .list_metadata(&ListParams::default())
+            .await
+            .unwrap();
+        assert_eq!(list.items.len(), 1);
+        assert_eq!(
+            list.items[0].types.as_ref().map(|t| t.kind.as_str()),
+            Some("PartialObjectMetadata")
+        );
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                match events.next().await.expect("the watcher stream never ends") {
+                    Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m))
+                        if m.name_any() == "kcp-1" =>
+                    {
+                        assert_eq!(
+                            m.types.as_ref().map(|t| t.kind.as_str()),
+                            Some("PartialObjectMetadata")
+                        );
+                        return;
+                    }
+                    _ => continue,
+                }
+            }
+        })
+        .await
+        .expect("the metadata watcher sees kcp-1");
+    })
+    .await;
+}
