@@ -120,6 +120,10 @@ async fn handle(
     let partial = wants_partial_metadata(headers);
     let ns = route.namespace.as_deref();
     let (def, version) = (&route.def, route.version.as_str());
+    // The all-namespaces URL of a namespaced resource only lists and watches.
+    if def.namespaced() && ns.is_none() && method != Method::GET {
+        return Err(ApiError::MethodNotAllowed);
+    }
     match (route.name.as_deref(), route.subresource.as_deref(), method) {
         (name, None, Method::GET) if name.is_none() || is_watch(query) => {
             let labels =

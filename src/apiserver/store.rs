@@ -901,6 +901,7 @@ fn object_namespace(
                 .into(),
         )),
         (Some(u), _) => Ok(u.to_string()),
+        // Only the store's own callers get here (HTTP requires the namespace in the URL).
         (None, Some(b)) => Ok(b.to_string()),
         (None, None) => Err(ApiError::BadRequest(
             "a namespace is required to create a namespaced object".into(),

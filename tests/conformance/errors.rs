@@ -46,3 +46,16 @@ async fn unsupported_method_is_method_not_allowed_405() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn create_through_the_all_namespaces_url_is_method_not_allowed_405() {
+    run("create-all-namespaces", |env| async move {
+        let all: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::all(env.client.clone());
+        let mut cm = config_map("cm", &[]);
+        cm.metadata.namespace = Some(env.ns.clone());
+        let status = status_of(all.create(&PostParams::default(), &cm).await);
+        assert_eq!(status.code, 405);
+    })
+    .await;
+}
