@@ -74,7 +74,7 @@ fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
         .iter()
         .filter(|d| d.group == group && d.versions.iter().any(|v| v == version))
     {
-        resources.push(json!({"name": def.plural, "singularName": def.kind.to_lowercase(), "namespaced": def.namespaced(), "kind": def.kind, "verbs": verbs}));
+        resources.push(json!({"name": def.plural, "singularName": def.kind.to_lowercase(), "namespaced": def.namespaced(), "kind": def.kind, "verbs": verbs, "shortNames": def.short_names}));
         if def.status {
             resources.push(json!({"name": format!("{}/status", def.plural), "singularName": "", "namespaced": def.namespaced(), "kind": def.kind, "verbs": ["get", "patch", "update"]}));
         }

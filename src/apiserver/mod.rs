@@ -63,24 +63,28 @@ impl TestApiServerBuilder {
     pub fn with_core_resources(self) -> Self {
         self.resource(
             ResourceDef::of::<core::v1::Namespace>()
+                .with_short_names(&["ns"])
                 .with_status()
                 .with_selectable_field("status.phase"),
         )
         .resource(ResourceDef::of::<core::v1::Secret>().with_selectable_field("type"))
-        .resource(ResourceDef::of::<core::v1::ConfigMap>())
+        .resource(ResourceDef::of::<core::v1::ConfigMap>().with_short_names(&["cm"]))
         .resource(
             ResourceDef::of::<core::v1::Node>()
+                .with_short_names(&["no"])
                 .with_status()
                 .with_selectable_field("spec.unschedulable"),
         )
         .resource(
             ResourceDef::of::<core::v1::Pod>()
+                .with_short_names(&["po"])
                 .with_status()
                 .with_selectable_field("spec.nodeName")
                 .with_selectable_field("status.phase"),
         )
         .resource(
             ResourceDef::of::<core::v1::Event>()
+                .with_short_names(&["ev"])
                 .with_selectable_field("involvedObject.kind")
                 .with_selectable_field("involvedObject.name")
                 .with_selectable_field("involvedObject.namespace")
@@ -88,7 +92,7 @@ impl TestApiServerBuilder {
                 .with_selectable_field("reason")
                 .with_selectable_field("type"),
         )
-        .resource(ResourceDef::of::<events::v1::Event>())
+        .resource(ResourceDef::of::<events::v1::Event>().with_short_names(&["ev"]))
         .resource(ResourceDef::of::<coordination::v1::Lease>())
     }
 

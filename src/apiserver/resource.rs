@@ -32,6 +32,8 @@ pub struct ResourceDef {
     /// Extra field-selectable paths (dot form, e.g. `spec.nodeName`) beyond
     /// `metadata.name` and `metadata.namespace`.
     pub selectable_fields: Vec<String>,
+    /// Short names for kubectl (`cm`, `kcp`), served in discovery.
+    pub short_names: Vec<String>,
 }
 
 impl ResourceDef {
@@ -46,6 +48,7 @@ impl ResourceDef {
             status: false,
             scale: None,
             selectable_fields: Vec::new(),
+            short_names: Vec::new(),
         }
     }
 
@@ -96,6 +99,7 @@ impl ResourceDef {
             status: subresources.is_some_and(|s| s.status.is_some()),
             scale,
             selectable_fields,
+            short_names: spec.names.short_names.clone().unwrap_or_default(),
         }
     }
 
@@ -123,6 +127,12 @@ impl ResourceDef {
     /// Accept a field selector on this path (e.g. `spec.nodeName`).
     pub fn with_selectable_field(mut self, path: &str) -> Self {
         self.selectable_fields.push(trim_path(path));
+        self
+    }
+
+    /// Short names kubectl accepts for this resource.
+    pub fn with_short_names(mut self, names: &[&str]) -> Self {
+        self.short_names.extend(names.iter().map(|n| n.to_string()));
         self
     }
 

@@ -191,7 +191,7 @@ async fn handle(
             ))
         }
         (None, None, Method::POST) => {
-            let obj = parse_json(body)?;
+            let obj = parse_body(headers, body)?;
             let created = store.create(def, version, ns, obj)?;
             Ok(respond(partial, StatusCode::CREATED, created))
         }
@@ -202,7 +202,7 @@ async fn handle(
                 query.get("fieldSelector").map(String::as_str).unwrap_or(""),
                 &def.selectable_fields,
             )?;
-            let opts = delete_options(query, body)?;
+            let opts = delete_options(query, headers, body)?;
             let (items, rv) =
                 store.delete_collection(def, version, ns, &labels, &fields, opts.orphan)?;
             Ok(respond(
@@ -232,7 +232,7 @@ async fn handle(
             } else {
                 Target::Main
             };
-            let obj = parse_json(body)?;
+            let obj = parse_body(headers, body)?;
             Ok(respond(
                 partial,
                 StatusCode::OK,
@@ -269,7 +269,7 @@ async fn handle(
             ))
         }
         (Some(name), None, Method::DELETE) => {
-            let opts = delete_options(query, body)?;
+            let opts = delete_options(query, headers, body)?;
             Ok(respond(
                 partial,
                 StatusCode::OK,
@@ -318,7 +318,7 @@ fn scale(
     let current = store.get(def, version, ns, name)?;
     let desired = match method {
         Method::GET => return Ok(json_response(StatusCode::OK, to_scale(&current))),
-        Method::PUT => parse_json(body)?,
+        Method::PUT => parse_body(headers, body)?,
         Method::PATCH => {
             let kind = PatchKind::from_content_type(
                 headers
@@ -361,11 +361,15 @@ fn list(def: &ResourceDef, version: &str, metadata: Value, items: Vec<Value>) ->
     json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(version), "metadata": metadata, "items": items})
 }
 
-fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {
+fn delete_options(
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<DeleteOptions, ApiError> {
     let opts: Value = if body.is_empty() {
         json!({})
     } else {
-        parse_json(body)?
+        parse_body(headers, body)?
     };
     if opts
         .get("dryRun")
@@ -393,6 +397,28 @@ fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError
         precondition_uid: precondition("uid"),
         precondition_rv: precondition("resourceVersion"),
     })
+}
+
+/// A create/update/delete body: JSON (or YAML); protobuf and CBOR get 415, on which
+/// client-go (kubectl) retries with JSON.
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match content_type.as_str() {
+        "" | "application/json" | "*/*" => parse_json(body),
+        "application/yaml" => serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}"))),
+        _ => Err(ApiError::UnsupportedMediaType(
+            "application/json, application/yaml".into(),
+        )),
+    }
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
