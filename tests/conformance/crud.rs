@@ -276,3 +276,48 @@ async fn create_with_a_resource_version_set_is_refused_500() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn concurrent_replaces_from_one_resource_version_let_exactly_one_win() {
+    run("concurrent-replace", |env| async move {
+        let created = env
+            .kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let attempts = (1..=5).map(|replicas| {
+            let (api, mut obj) = (env.kcps(), created.clone());
+            obj.data["spec"]["replicas"] = json!(replicas);
+            async move { api.replace("kcp-1", &PostParams::default(), &obj).await }
+        });
+        let results = futures::future::join_all(attempts).await;
+        let wins = results.iter().filter(|r| r.is_ok()).count();
+        let conflicts = results
+            .iter()
+            .filter(|r| matches!(r, Err(kube::Error::Api(s)) if s.code == 409))
+            .count();
+        assert_eq!((wins, conflicts), (1, 4));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replace_without_resource_version_is_unconditional() {
+    run("replace-unconditional", |env| async move {
+        env.kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let mut blind = kcp("kcp-1");
+        blind.data["spec"]["replicas"] = json!(5);
+        let replaced = env
+            .kcps()
+            .replace("kcp-1", &PostParams::default(), &blind)
+            .await
+            .unwrap();
+        assert_eq!(field(&replaced, "/spec/replicas"), 5);
+        assert!(replaced.meta().deletion_timestamp.is_none());
+        assert_eq!(replaced.meta().generation, Some(2));
+    })
+    .await;
+}
