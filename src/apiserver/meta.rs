@@ -56,6 +56,19 @@ pub fn owner_uids(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether `obj` has an owner reference to `owner_uid` with `blockOwnerDeletion: true`.
+pub fn blocks_owner_deletion(obj: &Value, owner_uid: &str) -> bool {
+    meta(obj)
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .is_some_and(|refs| {
+            refs.iter().any(|r| {
+                r.get("uid").and_then(Value::as_str) == Some(owner_uid)
+                    && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
+            })
+        })
+}
+
 /// Keep only the owner references whose uid satisfies `keep`.
 pub fn retain_owner_refs(obj: &mut Value, keep: impl Fn(&str) -> bool) {
     let m = meta_mut(obj);

@@ -16,7 +16,7 @@ use super::meta;
 use super::patch::PatchKind;
 use super::resource::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOptions, ListQuery, Target};
+use super::store::{DeleteOptions, ListQuery, Propagation, Target};
 use super::watch::{self, WatchContext, WatchRequest, partial_object};
 
 /// Shared state of the HTTP handlers.
@@ -204,7 +204,7 @@ async fn handle(
             )?;
             let opts = delete_options(query, headers, body)?;
             let (items, rv) =
-                store.delete_collection(def, version, ns, &labels, &fields, opts.orphan)?;
+                store.delete_collection(def, version, ns, &labels, &fields, opts.propagation)?;
             Ok(respond(
                 partial,
                 StatusCode::OK,
@@ -385,15 +385,24 @@ fn delete_options(
         .and_then(Value::as_str)
         .map(str::to_string)
         .or_else(|| query.get("propagationPolicy").cloned());
-    let orphan = policy.as_deref() == Some("Orphan")
-        || opts.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+    let orphan_dependents = opts.get("orphanDependents").and_then(Value::as_bool);
+    let propagation = match (policy.as_deref(), orphan_dependents) {
+        (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
+        (Some("Foreground"), _) => Propagation::Foreground,
+        (Some("Background") | None, _) => Propagation::Background,
+        (Some(other), _) => {
+            return Err(ApiError::BadRequest(format!(
+                "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            )));
+        }
+    };
     let precondition = |field: &str| {
         opts.pointer(&format!("/preconditions/{field}"))
             .and_then(Value::as_str)
             .map(str::to_string)
     };
     Ok(DeleteOptions {
-        orphan,
+        propagation,
         precondition_uid: precondition("uid"),
         precondition_rv: precondition("resourceVersion"),
     })

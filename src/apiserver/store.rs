@@ -56,10 +56,25 @@ pub enum Target {
     Status,
 }
 
+/// How a deletion treats the object's dependents (`propagationPolicy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Propagation {
+    /// Delete the object now; the garbage collector deletes dependents afterwards.
+    #[default]
+    Background,
+    /// Keep the object (finalizer `foregroundDeletion`) until blocking dependents are gone.
+    Foreground,
+    /// Delete the object; dependents stay and lose the owner reference.
+    Orphan,
+}
+
+/// The finalizer of an owner waiting for its dependents (foreground deletion).
+const FOREGROUND: &str = "foregroundDeletion";
+
 /// Options of a DELETE.
 #[derive(Clone, Debug, Default)]
 pub struct DeleteOptions {
-    pub orphan: bool,
+    pub propagation: Propagation,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
 }
@@ -560,7 +575,7 @@ impl Store {
                 ),
             ));
         }
-        let out = self.delete_object(&mut st, &ResKey::of(def), &obj_key(&obj), opts.orphan);
+        let out = self.delete_object(&mut st, &ResKey::of(def), &obj_key(&obj), opts.propagation);
         Ok(with_version(def, version, out))
     }
 
@@ -572,7 +587,7 @@ impl Store {
         ns: Option<&str>,
         labels: &LabelSelector,
         fields: &FieldSelector,
-        orphan: bool,
+        policy: Propagation,
     ) -> Result<(Vec<Value>, u64), ApiError> {
         let mut st = self.lock();
         let res = ResKey::of(def);
@@ -590,35 +605,43 @@ impl Store {
             .unwrap_or_default();
         let items = keys
             .iter()
-            .map(|k| with_version(def, version, self.delete_object(&mut st, &res, k, orphan)))
+            .map(|k| with_version(def, version, self.delete_object(&mut st, &res, k, policy)))
             .collect();
         Ok((items, st.rv))
     }
 
-    /// Finalizer-aware deletion of one stored object: mark it (if it has finalizers) or remove it.
-    fn delete_object(&self, st: &mut State, res: &ResKey, key: &ObjKey, orphan: bool) -> Value {
+    /// Finalizer-aware deletion of one stored object: mark it (if it has finalizers, or
+    /// for foreground deletion) or remove it.
+    fn delete_object(
+        &self,
+        st: &mut State,
+        res: &ResKey,
+        key: &ObjKey,
+        policy: Propagation,
+    ) -> Value {
         let Some(obj) = st.objects.get(res).and_then(|m| m.get(key)).cloned() else {
             return Value::Null;
         };
-        if meta::finalizers(&obj).is_empty() {
-            if orphan {
-                st.orphan_on_delete
-                    .insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
-            }
-            return self.remove(st, res, key, obj);
+        let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
+        if policy == Propagation::Orphan {
+            st.orphan_on_delete.insert(uid.clone());
         }
-        if orphan {
-            st.orphan_on_delete
-                .insert(meta_str(&obj, "uid").unwrap_or_default().to_string());
-        }
+        let mut finalizers = meta::finalizers(&obj);
         if meta_str(&obj, "deletionTimestamp").is_some() {
             return obj;
+        }
+        if policy == Propagation::Foreground {
+            finalizers.push(FOREGROUND.to_string());
+        }
+        if finalizers.is_empty() {
+            return self.remove(st, res, key, obj);
         }
         let mut marked = obj.clone();
         let rv = st.rv + 1;
         let m = meta_mut(&mut marked);
         m.insert("deletionTimestamp".into(), json!(meta::now_timestamp()));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        m.insert("finalizers".into(), json!(finalizers));
         m.insert("resourceVersion".into(), json!(rv.to_string()));
         st.objects
             .entry(res.clone())
@@ -631,19 +654,33 @@ impl Store {
             marked.clone(),
             Some(obj),
         );
+        if policy == Propagation::Foreground {
+            self.collect_dependents(st, &uid, Propagation::Foreground);
+            self.release_foreground(st, &uid);
+            if let Some(current) = st.objects.get(res).and_then(|m| m.get(key)) {
+                return current.clone();
+            }
+        }
         marked
     }
 
-    /// Really remove an object, then collect its dependents (or orphan them) and,
-    /// for a Namespace, everything in it.
+    /// Really remove an object, then collect its dependents (or orphan them), let owners
+    /// waiting in foreground deletion go, and, for a Namespace, delete everything in it.
     fn remove(&self, st: &mut State, res: &ResKey, key: &ObjKey, mut last: Value) -> Value {
         let prev = st.objects.get_mut(res).and_then(|m| m.remove(key));
         let rv = st.rv + 1;
         meta_mut(&mut last).insert("resourceVersion".into(), json!(rv.to_string()));
         self.record(st, res.clone(), EventType::Deleted, last.clone(), prev);
         let uid = meta_str(&last, "uid").unwrap_or_default().to_string();
-        let orphan = st.orphan_on_delete.remove(&uid);
-        self.collect_dependents(st, &uid, orphan);
+        let policy = if st.orphan_on_delete.remove(&uid) {
+            Propagation::Orphan
+        } else {
+            Propagation::Background
+        };
+        self.collect_dependents(st, &uid, policy);
+        for owner in meta::owner_uids(&last) {
+            self.release_foreground(st, &owner);
+        }
         if (res.group.as_str(), res.plural.as_str()) == NAMESPACES {
             let ns = key.1.clone();
             let inside: Vec<(ResKey, ObjKey)> = st
@@ -656,15 +693,17 @@ impl Store {
                 })
                 .collect();
             for (r, k) in inside {
-                self.delete_object(st, &r, &k, false);
+                self.delete_object(st, &r, &k, Propagation::Background);
             }
         }
         last
     }
 
-    /// Background garbage collection: a dependent whose owners are all gone is deleted
-    /// (finalizers respected); one with owners left loses only the dangling references.
-    fn collect_dependents(&self, st: &mut State, owner_uid: &str, orphan: bool) {
+    /// Garbage collection of an owner's dependents. Background (owner gone) and
+    /// foreground (owner waiting): a dependent with no other live owner is deleted
+    /// (finalizers respected); one with other live owners loses only the reference.
+    /// Orphan: every dependent loses the reference.
+    fn collect_dependents(&self, st: &mut State, owner_uid: &str, policy: Propagation) {
         if owner_uid.is_empty() {
             return;
         }
@@ -680,7 +719,8 @@ impl Store {
         if dependents.is_empty() {
             return;
         }
-        let live: HashSet<String> = st
+        // A foreground owner still exists but no longer counts as keeping dependents alive.
+        let mut live: HashSet<String> = st
             .objects
             .values()
             .flat_map(|m| {
@@ -688,14 +728,17 @@ impl Store {
                     .filter_map(|v| meta_str(v, "uid").map(str::to_string))
             })
             .collect();
+        live.remove(owner_uid);
         for (res, key) in dependents {
             let Some(obj) = st.objects.get(&res).and_then(|m| m.get(&key)).cloned() else {
                 continue;
             };
-            let remaining_owners = meta::owner_uids(&obj).iter().any(|u| live.contains(u));
-            if orphan || remaining_owners {
+            let other_owners = meta::owner_uids(&obj).iter().any(|u| live.contains(u));
+            if policy == Propagation::Orphan || other_owners {
                 let mut updated = obj.clone();
-                meta::retain_owner_refs(&mut updated, |u| live.contains(u));
+                meta::retain_owner_refs(&mut updated, |u| {
+                    u != owner_uid && (policy == Propagation::Foreground || live.contains(u))
+                });
                 if updated != obj {
                     let rv = st.rv + 1;
                     meta_mut(&mut updated).insert("resourceVersion".into(), json!(rv.to_string()));
@@ -706,9 +749,54 @@ impl Store {
                     self.record(st, res, EventType::Modified, updated, Some(obj));
                 }
             } else {
-                self.delete_object(st, &res, &key, false);
+                self.delete_object(st, &res, &key, Propagation::Background);
             }
         }
+    }
+
+    /// An owner in foreground deletion loses its `foregroundDeletion` finalizer (and is
+    /// deleted when no other finalizer remains) once no dependent with
+    /// `blockOwnerDeletion: true` points at it.
+    fn release_foreground(&self, st: &mut State, owner_uid: &str) {
+        let Some((res, key, owner)) = st.objects.iter().find_map(|(r, m)| {
+            m.iter()
+                .find(|(_, v)| meta_str(v, "uid") == Some(owner_uid))
+                .map(|(k, v)| (r.clone(), k.clone(), v.clone()))
+        }) else {
+            return;
+        };
+        if meta_str(&owner, "deletionTimestamp").is_none()
+            || !meta::finalizers(&owner).iter().any(|f| f == FOREGROUND)
+        {
+            return;
+        }
+        let blocked = st
+            .objects
+            .values()
+            .flat_map(|m| m.values())
+            .any(|v| meta::blocks_owner_deletion(v, owner_uid));
+        if blocked {
+            return;
+        }
+        let mut released = owner.clone();
+        let rest: Vec<String> = meta::finalizers(&owner)
+            .into_iter()
+            .filter(|f| f != FOREGROUND)
+            .collect();
+        if rest.is_empty() {
+            meta_mut(&mut released).remove("finalizers");
+            self.remove(st, &res, &key, released);
+            return;
+        }
+        let rv = st.rv + 1;
+        let m = meta_mut(&mut released);
+        m.insert("finalizers".into(), json!(rest));
+        m.insert("resourceVersion".into(), json!(rv.to_string()));
+        st.objects
+            .entry(res.clone())
+            .or_default()
+            .insert(key, released.clone());
+        self.record(st, res, EventType::Modified, released, Some(owner));
     }
 
     fn record(

@@ -291,3 +291,67 @@ async fn delete_with_a_stale_resource_version_precondition_is_conflict_409() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone() {
+    run("foreground", |env| async move {
+        let owner = env
+            .kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let mut blocking = owned_by(&owner, "blocking");
+        blocking.metadata.owner_references.as_mut().unwrap()[0].block_owner_deletion = Some(true);
+        blocking.metadata.finalizers = Some(vec![HOLD.into()]);
+        env.config_maps()
+            .create(&PostParams::default(), &blocking)
+            .await
+            .unwrap();
+        env.kcps()
+            .delete("kcp-1", &DeleteParams::foreground())
+            .await
+            .unwrap();
+        eventually(
+            "the blocking dependent to be marked for deletion",
+            || async {
+                env.config_maps()
+                    .get("blocking")
+                    .await
+                    .unwrap()
+                    .metadata
+                    .deletion_timestamp
+                    .map(|_| ())
+            },
+        )
+        .await;
+        let waiting = env.kcps().get("kcp-1").await.unwrap();
+        assert!(waiting.meta().deletion_timestamp.is_some());
+        assert!(
+            waiting
+                .finalizers()
+                .iter()
+                .any(|f| f == "foregroundDeletion")
+        );
+        env.config_maps()
+            .patch(
+                "blocking",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap();
+        eventually(
+            "the owner to go once its blocking dependent is gone",
+            || async {
+                env.kcps()
+                    .get_opt("kcp-1")
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+    })
+    .await;
+}

@@ -121,3 +121,50 @@ fn history_bound_turns_old_revisions_into_gone() {
     assert_eq!(events.len(), 2);
     assert_eq!(newest, s.current_rv());
 }
+
+#[test]
+fn foreground_owner_without_blocking_dependents_goes_at_once_and_takes_dependents() {
+    let (s, def) = store(100);
+    let owner = s.create(&def, "v1", Some("ns"), widget("owner")).unwrap();
+    let uid = owner["metadata"]["uid"].as_str().unwrap();
+    let mut dependent = widget("dependent");
+    dependent["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "example.com/v1", "kind": "Widget", "name": "owner", "uid": uid}]);
+    s.create(&def, "v1", Some("ns"), dependent).unwrap();
+    let opts = DeleteOptions {
+        propagation: Propagation::Foreground,
+        ..Default::default()
+    };
+    s.delete(&def, "v1", Some("ns"), "owner", &opts).unwrap();
+    assert_eq!(
+        s.get(&def, "v1", Some("ns"), "owner").unwrap_err().code(),
+        404
+    );
+    assert_eq!(
+        s.get(&def, "v1", Some("ns"), "dependent")
+            .unwrap_err()
+            .code(),
+        404
+    );
+}
+
+#[test]
+fn orphaned_dependent_keeps_its_other_owners() {
+    let (s, def) = store(100);
+    let a = s.create(&def, "v1", Some("ns"), widget("a")).unwrap();
+    let b = s.create(&def, "v1", Some("ns"), widget("b")).unwrap();
+    let refs: Vec<Value> = [&a, &b]
+        .iter()
+        .map(|o| json!({"apiVersion": "example.com/v1", "kind": "Widget", "name": o["metadata"]["name"], "uid": o["metadata"]["uid"]}))
+        .collect();
+    let mut dependent = widget("dependent");
+    dependent["metadata"]["ownerReferences"] = json!(refs);
+    s.create(&def, "v1", Some("ns"), dependent).unwrap();
+    s.delete(&def, "v1", Some("ns"), "a", &DeleteOptions::default())
+        .unwrap();
+    let kept = s.get(&def, "v1", Some("ns"), "dependent").unwrap();
+    assert_eq!(
+        meta::owner_uids(&kept),
+        vec![b["metadata"]["uid"].as_str().unwrap().to_string()]
+    );
+}
