@@ -365,3 +365,53 @@ async fn watch_across_all_namespaces_sees_every_namespace() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn watch_delivers_every_change_of_a_burst_in_order() {
+    run("watch-burst", |env| async move {
+        let rv = env
+            .config_maps()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
+        let mut events: Events<_> = env
+            .config_maps()
+            .watch(&WatchParams::default().labels("burst").timeout(60), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        let writers = (0..4).map(|w| {
+            let api = env.config_maps();
+            async move {
+                for i in 0..25 {
+                    api.create(
+                        &PostParams::default(),
+                        &config_map(&format!("cm-{w}-{i}"), &[("burst", "yes")]),
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+        });
+        futures::future::join_all(writers).await;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut last_rv = 0;
+        while seen.len() < 100 {
+            match next_change(&mut events).await {
+                WatchEvent::Added(cm) => {
+                    assert!(
+                        rv_of(&cm) > last_rv,
+                        "events arrive in resourceVersion order"
+                    );
+                    last_rv = rv_of(&cm);
+                    assert!(seen.insert(cm.name_any()), "each object is announced once");
+                }
+                other => panic!("expected only ADDED, got {:?}", describe(&other)),
+            }
+        }
+    })
+    .await;
+}
