@@ -54,6 +54,8 @@ pub enum ApiError {
         field: String,
         detail: String,
     },
+    #[error("{} \"{}\" is forbidden: {}", .0.qualified, .0.name, .1)]
+    Forbidden(Subject, String),
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -74,6 +76,7 @@ impl ApiError {
             Self::AlreadyExists(_) | Self::Conflict(..) => 409,
             Self::Invalid { .. } => 422,
             Self::BadRequest(_) => 400,
+            Self::Forbidden(..) => 403,
             Self::Gone(_) => 410,
             Self::MethodNotAllowed => 405,
             Self::UnsupportedMediaType(_) => 415,
@@ -88,6 +91,7 @@ impl ApiError {
             Self::Conflict(..) => "Conflict",
             Self::Invalid { .. } => "Invalid",
             Self::BadRequest(_) => "BadRequest",
+            Self::Forbidden(..) => "Forbidden",
             Self::Gone(_) => "Expired",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -107,9 +111,10 @@ impl ApiError {
             "code": self.code(),
         });
         let details = match self {
-            Self::NotFound(s) | Self::AlreadyExists(s) | Self::Conflict(s, _) => {
-                Some(details(s, None))
-            }
+            Self::NotFound(s)
+            | Self::AlreadyExists(s)
+            | Self::Conflict(s, _)
+            | Self::Forbidden(s, _) => Some(details(s, None)),
             Self::Invalid {
                 subject,
                 field,

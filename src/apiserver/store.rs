@@ -253,6 +253,19 @@ impl Store {
                 name: ns.clone(),
             }));
         }
+        let terminating = st
+            .objects
+            .get(&ns_key())
+            .and_then(|m| m.get(&(String::new(), ns.clone())))
+            .is_some_and(|n| meta_str(n, "deletionTimestamp").is_some());
+        if def.namespaced() && terminating {
+            return Err(ApiError::Forbidden(
+                Subject::resource(def, &name),
+                format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            ));
+        }
         let key = (ns.clone(), name.clone());
         if st.objects.get(&res).is_some_and(|m| m.contains_key(&key)) {
             return Err(ApiError::AlreadyExists(Subject::resource(def, &name)));
@@ -633,6 +646,10 @@ impl Store {
         if policy == Propagation::Foreground {
             finalizers.push(FOREGROUND.to_string());
         }
+        let is_namespace = (res.group.as_str(), res.plural.as_str()) == NAMESPACES;
+        if is_namespace && (!finalizers.is_empty() || namespace_has_content(st, &key.1)) {
+            return self.terminate_namespace(st, key, obj);
+        }
         if finalizers.is_empty() {
             return self.remove(st, res, key, obj);
         }
@@ -681,6 +698,9 @@ impl Store {
         for owner in meta::owner_uids(&last) {
             self.release_foreground(st, &owner);
         }
+        if !key.0.is_empty() {
+            self.finish_namespace(st, &key.0);
+        }
         if (res.group.as_str(), res.plural.as_str()) == NAMESPACES {
             let ns = key.1.clone();
             let inside: Vec<(ResKey, ObjKey)> = st
@@ -697,6 +717,57 @@ impl Store {
             }
         }
         last
+    }
+
+    /// A Namespace with content (or finalizers) turns `Terminating`: its content is
+    /// deleted, and it goes once empty and without finalizers.
+    fn terminate_namespace(&self, st: &mut State, key: &ObjKey, obj: Value) -> Value {
+        let ns = key.1.clone();
+        let mut marked = obj.clone();
+        meta::set_path(&mut marked, "status.phase", json!("Terminating"));
+        let rv = st.rv + 1;
+        let m = meta_mut(&mut marked);
+        m.insert("deletionTimestamp".into(), json!(meta::now_timestamp()));
+        m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        m.insert("resourceVersion".into(), json!(rv.to_string()));
+        st.objects
+            .entry(ns_key())
+            .or_default()
+            .insert(key.clone(), marked.clone());
+        self.record(st, ns_key(), EventType::Modified, marked.clone(), Some(obj));
+        let inside: Vec<(ResKey, ObjKey)> = st
+            .objects
+            .iter()
+            .flat_map(|(r, m)| {
+                m.keys()
+                    .filter(|k| k.0 == ns)
+                    .map(move |k| (r.clone(), k.clone()))
+            })
+            .collect();
+        for (r, k) in inside {
+            self.delete_object(st, &r, &k, Propagation::Background);
+        }
+        self.finish_namespace(st, &ns);
+        st.objects
+            .get(&ns_key())
+            .and_then(|m| m.get(key))
+            .cloned()
+            .unwrap_or(marked)
+    }
+
+    /// Remove a terminating Namespace once it is empty and has no finalizers left.
+    fn finish_namespace(&self, st: &mut State, ns: &str) {
+        let key = (String::new(), ns.to_string());
+        let Some(namespace) = st.objects.get(&ns_key()).and_then(|m| m.get(&key)).cloned() else {
+            return;
+        };
+        if meta_str(&namespace, "deletionTimestamp").is_none()
+            || !meta::finalizers(&namespace).is_empty()
+            || namespace_has_content(st, ns)
+        {
+            return;
+        }
+        self.remove(st, &ns_key(), &key, namespace);
     }
 
     /// Garbage collection of an owner's dependents. Background (owner gone) and
@@ -883,6 +954,10 @@ fn conflict(def: &ResourceDef, name: &str) -> ApiError {
         Subject::resource(def, name),
         "the object has been modified; please apply your changes to the latest version and try again".into(),
     )
+}
+
+fn namespace_has_content(st: &State, ns: &str) -> bool {
+    st.objects.values().any(|m| m.keys().any(|k| k.0 == ns))
 }
 
 fn ns_key() -> ResKey {

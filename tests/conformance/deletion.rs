@@ -355,3 +355,57 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
     })
     .await;
 }
+
+#[tokio::test]
+async fn deleting_a_namespace_empties_it_and_refuses_new_content_while_terminating() {
+    run("namespace-termination", |env| async move {
+        let doomed = env.namespace("conf-doomed").await;
+        let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(env.client.clone(), &doomed);
+        cms.create(&PostParams::default(), &config_map("plain", &[]))
+            .await
+            .unwrap();
+        let mut held_cm = config_map("held", &[]);
+        held_cm.metadata.finalizers = Some(vec![HOLD.into()]);
+        cms.create(&PostParams::default(), &held_cm).await.unwrap();
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(env.client.clone());
+        namespaces
+            .delete(&doomed, &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(
+            "the namespace to terminate and its plain content to go",
+            || async {
+                let ns = namespaces.get(&doomed).await.unwrap();
+                let terminating = ns.status.and_then(|s| s.phase).as_deref() == Some("Terminating");
+                let plain_gone = cms.get_opt("plain").await.unwrap().is_none();
+                (terminating && plain_gone).then_some(())
+            },
+        )
+        .await;
+        let status = status_of(
+            cms.create(&PostParams::default(), &config_map("late", &[]))
+                .await,
+        );
+        assert_eq!(status.code, 403);
+        assert_eq!(status.reason, "Forbidden");
+        cms.patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+        eventually("the namespace to go once empty", || async {
+            namespaces
+                .get_opt(&doomed)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    })
+    .await;
+}
