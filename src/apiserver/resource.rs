@@ -1,0 +1,262 @@
+//! Resource registry: which kinds a test API server serves, under which URLs and with which subresources.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::ApiResource;
+
+/// Whether objects of a resource live in a namespace or at cluster scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
+
+/// The JSON paths (dot form, without the leading dot) a scale subresource maps to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleDef {
+    pub spec_replicas_path: String,
+    pub status_replicas_path: String,
+    pub label_selector_path: Option<String>,
+}
+
+/// One served resource: every version shares one store (no conversion between versions).
+#[derive(Clone, Debug)]
+pub struct ResourceDef {
+    pub group: String,
+    /// Served versions; the first one is the storage version reported in discovery.
+    pub versions: Vec<String>,
+    pub kind: String,
+    pub plural: String,
+    pub scope: Scope,
+    pub status: bool,
+    pub scale: Option<ScaleDef>,
+    /// Extra field-selectable paths (dot form, e.g. `spec.nodeName`) beyond
+    /// `metadata.name` and `metadata.namespace`.
+    pub selectable_fields: Vec<String>,
+    /// Short names for kubectl (`cm`, `kcp`), served in discovery.
+    pub short_names: Vec<String>,
+}
+
+impl ResourceDef {
+    /// A resource described by hand.
+    pub fn new(api: ApiResource, scope: Scope) -> Self {
+        Self {
+            group: api.group,
+            versions: vec![api.version],
+            kind: api.kind,
+            plural: api.plural,
+            scope,
+            status: false,
+            scale: None,
+            selectable_fields: Vec::new(),
+            short_names: Vec::new(),
+        }
+    }
+
+    /// A built-in type from k8s-openapi (scope from its `ResourceScope`).
+    pub fn of<K>() -> Self
+    where
+        K: k8s_openapi::Resource,
+        <K as k8s_openapi::Resource>::Scope: ScopeOf,
+    {
+        let api = ApiResource {
+            group: K::GROUP.to_string(),
+            version: K::VERSION.to_string(),
+            api_version: K::API_VERSION.to_string(),
+            kind: K::KIND.to_string(),
+            plural: K::URL_PATH_SEGMENT.to_string(),
+        };
+        Self::new(api, <<K as k8s_openapi::Resource>::Scope as ScopeOf>::SCOPE)
+    }
+
+    /// Every served version of a CRD with its scope and status/scale subresources.
+    /// Subresources and selectable fields are taken from the first served version.
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
+        let spec = &crd.spec;
+        let served: Vec<_> = spec.versions.iter().filter(|v| v.served).collect();
+        let subresources = served.first().and_then(|v| v.subresources.as_ref());
+        let scale = subresources
+            .and_then(|s| s.scale.as_ref())
+            .map(|s| ScaleDef {
+                spec_replicas_path: trim_path(&s.spec_replicas_path),
+                status_replicas_path: trim_path(&s.status_replicas_path),
+                label_selector_path: s.label_selector_path.as_deref().map(trim_path),
+            });
+        let selectable_fields = served
+            .first()
+            .and_then(|v| v.selectable_fields.as_ref())
+            .map(|fields| fields.iter().map(|f| trim_path(&f.json_path)).collect())
+            .unwrap_or_default();
+        Self {
+            group: spec.group.clone(),
+            versions: served.iter().map(|v| v.name.clone()).collect(),
+            kind: spec.names.kind.clone(),
+            plural: spec.names.plural.clone(),
+            scope: if spec.scope == "Cluster" {
+                Scope::Cluster
+            } else {
+                Scope::Namespaced
+            },
+            status: subresources.is_some_and(|s| s.status.is_some()),
+            scale,
+            selectable_fields,
+            short_names: spec.names.short_names.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Serve a `/status` subresource (and protect `.status` on main-resource writes).
+    pub fn with_status(mut self) -> Self {
+        self.status = true;
+        self
+    }
+
+    /// Serve a `/scale` subresource mapped onto the given paths (dot form, e.g. `.spec.replicas`).
+    pub fn with_scale(
+        mut self,
+        spec_replicas: &str,
+        status_replicas: &str,
+        selector: Option<&str>,
+    ) -> Self {
+        self.scale = Some(ScaleDef {
+            spec_replicas_path: trim_path(spec_replicas),
+            status_replicas_path: trim_path(status_replicas),
+            label_selector_path: selector.map(trim_path),
+        });
+        self
+    }
+
+    /// Accept a field selector on this path (e.g. `spec.nodeName`).
+    pub fn with_selectable_field(mut self, path: &str) -> Self {
+        self.selectable_fields.push(trim_path(path));
+        self
+    }
+
+    /// Short names kubectl accepts for this resource.
+    pub fn with_short_names(mut self, names: &[&str]) -> Self {
+        self.short_names.extend(names.iter().map(|n| n.to_string()));
+        self
+    }
+
+    /// The name used in error messages: `plural.group` (or `plural` for the core group).
+    pub fn qualified_plural(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// The name used in Invalid errors: `Kind.group` (or `Kind` for the core group).
+    pub fn qualified_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
+
+    pub fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{}", self.group, version)
+        }
+    }
+
+    pub fn namespaced(&self) -> bool {
+        self.scope == Scope::Namespaced
+    }
+}
+
+fn trim_path(path: &str) -> String {
+    path.trim_start_matches('.').to_string()
+}
+
+/// Maps k8s-openapi's scope marker types onto [`Scope`].
+pub trait ScopeOf {
+    const SCOPE: Scope;
+}
+
+impl ScopeOf for k8s_openapi::NamespaceResourceScope {
+    const SCOPE: Scope = Scope::Namespaced;
+}
+
+impl ScopeOf for k8s_openapi::ClusterResourceScope {
+    const SCOPE: Scope = Scope::Cluster;
+}
+
+/// The set of resources one server serves, looked up by URL parts.
+#[derive(Clone, Debug, Default)]
+pub struct Registry {
+    defs: Vec<ResourceDef>,
+}
+
+impl Registry {
+    /// Add a resource; a later definition of the same group and plural merges its versions in.
+    pub fn add(&mut self, def: ResourceDef) {
+        if let Some(existing) = self
+            .defs
+            .iter_mut()
+            .find(|d| d.group == def.group && d.plural == def.plural)
+        {
+            for v in def.versions {
+                if !existing.versions.contains(&v) {
+                    existing.versions.push(v);
+                }
+            }
+        } else {
+            self.defs.push(def);
+        }
+    }
+
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceDef> {
+        self.defs.iter().find(|d| {
+            d.group == group && d.plural == plural && d.versions.iter().any(|v| v == version)
+        })
+    }
+
+    pub fn all(&self) -> &[ResourceDef] {
+        &self.defs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+
+    #[test]
+    fn builtin_scope_and_names_come_from_k8s_openapi() {
+        let secret = ResourceDef::of::<Secret>();
+        assert_eq!(
+            (secret.group.as_str(), secret.plural.as_str()),
+            ("", "secrets")
+        );
+        assert_eq!(secret.scope, Scope::Namespaced);
+        assert_eq!(ResourceDef::of::<Namespace>().scope, Scope::Cluster);
+        assert_eq!(secret.qualified_plural(), "secrets");
+    }
+
+    #[test]
+    fn crd_registration_reads_served_versions_scope_and_subresources() {
+        let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+              "names": {"kind": "Widget", "plural": "widgets"},
+              "versions": [
+                {"name": "v1", "served": true, "storage": true,
+                 "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                   "statusReplicasPath": ".status.replicas", "labelSelectorPath": ".status.selector"}}},
+                {"name": "v0", "served": false, "storage": false}]}
+        }))
+        .unwrap();
+        let def = ResourceDef::from_crd(&crd);
+        assert_eq!(def.versions, vec!["v1"]);
+        assert!(def.status);
+        assert_eq!(
+            def.scale.as_ref().unwrap().spec_replicas_path,
+            "spec.replicas"
+        );
+        assert_eq!(def.qualified_plural(), "widgets.example.com");
+    }
+}
