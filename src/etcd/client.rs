@@ -14,7 +14,7 @@ use etcd_client::{Client, ConnectOptions};
 
 use crate::etcd::error::{EtcdError, classify};
 use crate::etcd::tls::{ClientIdentity, ClientTls};
-use crate::etcd::transport::{EtcdEndpoint, Transport};
+use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
 
 /// Time limits for talking to etcd.
 #[derive(Clone, Copy, Debug)]
@@ -101,9 +101,18 @@ impl MemberClients {
                 self.tls
                     .options_for(&endpoint.server_name, identity.as_deref()),
             );
+        let presented = identity.is_some();
         let client = Client::connect([endpoint.dial.as_str()], Some(options))
             .await
-            .map_err(|e| classify(e, "connect", &endpoint.dial, &endpoint.server_name))?;
+            .map_err(|e| {
+                classify(
+                    e,
+                    "connect",
+                    &endpoint.dial,
+                    &endpoint.server_name,
+                    presented,
+                )
+            })?;
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(
             endpoint.clone(),
             Pooled {
@@ -130,7 +139,13 @@ impl MemberClients {
         match tokio::time::timeout(limit, call(client)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
-                let err = classify(err, op, &endpoint.dial, &endpoint.server_name);
+                let presented = self.tls.has_client_certificate();
+                let mut err = classify(err, op, &endpoint.dial, &endpoint.server_name, presented);
+                if err.may_hide_tls_rejection() {
+                    if let Some(tls_err) = self.diagnose(endpoint).await {
+                        err = tls_err;
+                    }
+                }
                 if err.is_unreachable() {
                     // Start from a fresh connection next time.
                     self.forget(endpoint);
@@ -146,6 +161,25 @@ impl MemberClients {
                 })
             }
         }
+    }
+
+    /// A diagnostic handshake to find the TLS reason behind a closed connection.
+    async fn diagnose(&self, endpoint: &EtcdEndpoint) -> Option<EtcdError> {
+        let (host, port) = parse_https_url(&endpoint.dial).ok()?;
+        let tls = self.tls.clone();
+        let server_name = endpoint.server_name.clone();
+        let limit = self.timeouts.connect;
+        let text = tokio::task::spawn_blocking(move || {
+            tls.diagnose_handshake(&host, port, &server_name, limit)
+        })
+        .await
+        .ok()??;
+        EtcdError::from_handshake(
+            &text,
+            &endpoint.dial,
+            &endpoint.server_name,
+            self.tls.has_client_certificate(),
+        )
     }
 
     /// Drop the cached client of `endpoint` (e.g. its member was removed).

@@ -136,6 +136,30 @@ impl EtcdError {
         matches!(self, EtcdError::TransientlyUnhealthy { .. })
     }
 
+    /// The connection was closed under a request without a stated reason. With
+    /// TLS 1.3 a server rejects the client certificate after the client thinks
+    /// the handshake is done, and the alert saying why is often lost in the
+    /// race: worth a diagnostic handshake.
+    pub(crate) fn may_hide_tls_rejection(&self) -> bool {
+        match self {
+            EtcdError::Grpc { code, .. } => code == "Cancelled" || code == "Unknown",
+            EtcdError::Unreachable { reason, .. } | EtcdError::Client { detail: reason, .. } => {
+                reason.contains("connection closed") || reason.contains("reset")
+            }
+            _ => false,
+        }
+    }
+
+    /// Re-classify a diagnostic handshake's error text.
+    pub(crate) fn from_handshake(
+        text: &str,
+        endpoint: &str,
+        server_name: &str,
+        presented_client_cert: bool,
+    ) -> Option<EtcdError> {
+        classify_tls(text, endpoint, server_name, presented_client_cert)
+    }
+
     /// The endpoint could not be reached or did not answer in time: the member
     /// counts as down, not as misconfigured.
     pub fn is_unreachable(&self) -> bool {
@@ -161,16 +185,18 @@ pub(crate) fn chain_text(err: &(dyn StdError + 'static)) -> String {
 }
 
 /// Turn an etcd-client error from `op` on `endpoint` (dialed, verifying
-/// `server_name`) into an [`EtcdError`] that says what is wrong.
+/// `server_name`, presenting a client certificate or not) into an
+/// [`EtcdError`] that says what is wrong.
 pub(crate) fn classify(
     err: etcd_client::Error,
     op: &'static str,
     endpoint: &str,
     server_name: &str,
+    presented_client_cert: bool,
 ) -> EtcdError {
     let text = chain_text(&err);
     let endpoint = endpoint.to_string();
-    if let Some(tls) = classify_tls(&text, &endpoint, server_name) {
+    if let Some(tls) = classify_tls(&text, &endpoint, server_name, presented_client_cert) {
         return tls;
     }
     if let etcd_client::Error::GRpcStatus(status) = &err {
@@ -215,7 +241,12 @@ pub(crate) fn classify(
     }
 }
 
-fn classify_tls(text: &str, endpoint: &str, server_name: &str) -> Option<EtcdError> {
+fn classify_tls(
+    text: &str,
+    endpoint: &str,
+    server_name: &str,
+    presented_client_cert: bool,
+) -> Option<EtcdError> {
     let endpoint = endpoint.to_string();
     if text.contains("UnknownIssuer") || text.contains("BadSignature") {
         return Some(EtcdError::UnknownAuthority {
@@ -229,7 +260,11 @@ fn classify_tls(text: &str, endpoint: &str, server_name: &str) -> Option<EtcdErr
             server_name: server_name.to_string(),
         });
     }
-    if text.contains("CertificateRequired") {
+    // TLS 1.3 servers say "certificate required"; Go before 1.21 says "bad
+    // certificate" for a missing one too, so we use what we know we sent.
+    if text.contains("CertificateRequired")
+        || (!presented_client_cert && text.contains("alert: BadCertificate"))
+    {
         return Some(EtcdError::ClientCertificateRequired { endpoint });
     }
     for alert in [

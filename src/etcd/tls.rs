@@ -510,6 +510,11 @@ impl ClientTls {
         Self { ca, client: None }
     }
 
+    /// Whether connections present a client certificate.
+    pub fn has_client_certificate(&self) -> bool {
+        self.client.is_some()
+    }
+
     pub fn server_ca(&self) -> &ServerCa {
         &self.ca
     }
@@ -533,6 +538,62 @@ impl ClientTls {
             options = options.identity(identity.tls_identity());
         }
         options
+    }
+}
+
+impl ClientTls {
+    /// Run one TLS handshake with exactly this configuration against `dial`
+    /// (`host:port`) and return the TLS error text if it fails, including a
+    /// rejection the server sends right after the handshake. Used to explain a
+    /// connection that gRPC only reports as "closed".
+    pub(crate) fn diagnose_handshake(
+        &self,
+        host: &str,
+        port: u16,
+        server_name: &str,
+        limit: Duration,
+    ) -> Option<String> {
+        use std::io::Read;
+        use std::net::{TcpStream, ToSocketAddrs};
+
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut self.ca.pem()).flatten() {
+            let _ = roots.add(cert);
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots);
+        let identity = self.client_identity().ok()?;
+        let mut config = match identity {
+            Some(identity) => {
+                let certs = parse_certs("client", identity.cert_pem.as_bytes()).ok()?;
+                let key = parse_key("client", identity.key_pem.as_bytes()).ok()?;
+                builder.with_client_auth_cert(certs, key).ok()?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).ok()?;
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+        let addr = (host, port).to_socket_addrs().ok()?.next()?;
+        let mut tcp = TcpStream::connect_timeout(&addr, limit).ok()?;
+        tcp.set_read_timeout(Some(limit)).ok()?;
+        tcp.set_write_timeout(Some(limit)).ok()?;
+        let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+        // A read drives the handshake and then receives the server's verdict
+        // on our certificate (an alert), or times out when all is well.
+        let mut byte = [0u8; 1];
+        match tls.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Some(e.to_string()),
+            Err(e) => e
+                .get_ref()
+                .map(|inner| inner.to_string())
+                .filter(|t| t.contains("alert") || t.contains("certificate")),
+            Ok(_) => None,
+        }
     }
 }
 
