@@ -110,7 +110,9 @@ async fn main() {
         let (c, leader, transferee) = settled_cluster().await;
         let etcd = EtcdCluster::new(&c.endpoints(), c.client_tls()).unwrap();
         let t = Instant::now();
-        etcd.move_leader_off(leader, Some(transferee)).await.expect("move");
+        etcd.move_leader_off(leader, Some(transferee))
+            .await
+            .expect("move");
         etcd.remove_member(leader).await.expect("remove");
         ours.push(t.elapsed());
         drop(c);
@@ -126,8 +128,16 @@ async fn main() {
         let leader_url = c.member(c.index_of(leader).unwrap()).client_url();
         let transferee_url = c.member(c.index_of(transferee).unwrap()).client_url();
         let t = Instant::now();
-        etcdctl(&c, &leader_url, &["move-leader", &format!("{transferee:x}")]);
-        etcdctl(&c, &transferee_url, &["member", "remove", &format!("{leader:x}")]);
+        etcdctl(
+            &c,
+            &leader_url,
+            &["move-leader", &format!("{transferee:x}")],
+        );
+        etcdctl(
+            &c,
+            &transferee_url,
+            &["member", "remove", &format!("{leader:x}")],
+        );
         theirs.push(t.elapsed());
         drop(c);
     }

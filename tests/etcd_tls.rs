@@ -22,8 +22,11 @@ async fn tls_failures_each_have_a_clear_error() {
 
     // 1. No client certificate: the server requires one.
     let ca = ServerCa::from_pem("ca", c.ca_pem().as_bytes()).unwrap();
-    let etcd =
-        EtcdCluster::new(&[good.clone()], ClientTls::without_client_certificate(ca)).unwrap();
+    let etcd = EtcdCluster::new(
+        std::slice::from_ref(&good),
+        ClientTls::without_client_certificate(ca),
+    )
+    .unwrap();
     let err = etcd.snapshot().await.unwrap_err();
     assert!(
         matches!(err, EtcdError::ClientCertificateRequired { .. }),
@@ -42,7 +45,7 @@ async fn tls_failures_each_have_a_clear_error() {
         ("client.key", c.pki.client.key_pem.as_bytes()),
     )
     .unwrap();
-    let err = EtcdCluster::new(&[good.clone()], tls)
+    let err = EtcdCluster::new(std::slice::from_ref(&good), tls)
         .unwrap()
         .snapshot()
         .await
@@ -63,7 +66,7 @@ async fn tls_failures_each_have_a_clear_error() {
         ("client.key", other.client.key_pem.as_bytes()),
     )
     .unwrap();
-    let err = EtcdCluster::new(&[good.clone()], tls)
+    let err = EtcdCluster::new(std::slice::from_ref(&good), tls)
         .unwrap()
         .snapshot()
         .await

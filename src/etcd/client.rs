@@ -90,10 +90,9 @@ impl MemberClients {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(endpoint)
+            && same_identity(&pooled.identity, &identity)
         {
-            if same_identity(&pooled.identity, &identity) {
-                return Ok(pooled.client.clone());
-            }
+            return Ok(pooled.client.clone());
         }
         let options = ConnectOptions::new()
             .with_connect_timeout(self.timeouts.connect)
@@ -141,10 +140,10 @@ impl MemberClients {
             Ok(Err(err)) => {
                 let presented = self.tls.has_client_certificate();
                 let mut err = classify(err, op, &endpoint.dial, &endpoint.server_name, presented);
-                if err.may_hide_tls_rejection() {
-                    if let Some(tls_err) = self.diagnose(endpoint).await {
-                        err = tls_err;
-                    }
+                if err.may_hide_tls_rejection()
+                    && let Some(tls_err) = self.diagnose(endpoint).await
+                {
+                    err = tls_err;
                 }
                 if err.is_unreachable() {
                     // Start from a fresh connection next time.

@@ -209,12 +209,13 @@ impl ClientIdentity {
                 field: cert_field.to_string(),
                 reason: e.to_string(),
             })?;
-        if let Ok(Some(eku)) = leaf.extended_key_usage() {
-            if !eku.value.client_auth && !eku.value.any {
-                return Err(TlsError::NotForClientAuth {
-                    field: cert_field.to_string(),
-                });
-            }
+        if let Ok(Some(eku)) = leaf.extended_key_usage()
+            && !eku.value.client_auth
+            && !eku.value.any
+        {
+            return Err(TlsError::NotForClientAuth {
+                field: cert_field.to_string(),
+            });
         }
         let not_after = not_after(&certs[0]);
         if not_after < SystemTime::now() {
@@ -395,10 +396,10 @@ impl ClientCertMinter {
     /// The current client identity, re-minted when due for renewal.
     pub fn current(&self) -> Result<Arc<ClientIdentity>, TlsError> {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(identity) = current.as_ref() {
-            if !identity.due_for_renewal(SystemTime::now()) {
-                return Ok(identity.clone());
-            }
+        if let Some(identity) = current.as_ref()
+            && !identity.due_for_renewal(SystemTime::now())
+        {
+            return Ok(identity.clone());
         }
         let fresh = Arc::new(self.mint()?);
         *current = Some(fresh.clone());
