@@ -210,7 +210,9 @@ pub(crate) fn classify(
                 EtcdError::TransientlyUnhealthy { endpoint, message }
             }
             grpc_code::NOT_FOUND if message.contains("member not found") => {
-                EtcdError::MemberNotFound { member: message }
+                EtcdError::MemberNotFound {
+                    member: format!("(as reported by {endpoint})"),
+                }
             }
             grpc_code::UNAVAILABLE | grpc_code::UNKNOWN
                 if looks_unreachable(&text) || status.source().is_some() =>
@@ -337,4 +339,78 @@ fn tail_after(text: &str, marker: &str) -> String {
     text.find(marker)
         .map(|i| text[i..].to_string())
         .unwrap_or_else(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Error texts as rustls and etcd produce them, and what the user is told.
+    #[test]
+    fn tls_failure_texts_are_classified() {
+        let ep = "https://10.0.0.1:2379";
+        let cases: [(&str, &str, bool, &str); 7] = [
+            (
+                "unknown issuer",
+                "transport error: invalid peer certificate: UnknownIssuer",
+                true,
+                "server certificate of https://10.0.0.1:2379 is not signed by the given CA",
+            ),
+            (
+                "name mismatch",
+                "invalid peer certificate: certificate not valid for name \"10.0.0.1\"; certificate is only valid for IpAddress(127.0.0.1)",
+                true,
+                "server certificate of https://10.0.0.1:2379 is not valid for 10.0.0.1",
+            ),
+            (
+                "TLS 1.3 certificate_required alert",
+                "received fatal alert: CertificateRequired",
+                false,
+                "https://10.0.0.1:2379 requires a client certificate",
+            ),
+            (
+                "Go's bad_certificate when none was sent",
+                "received fatal alert: BadCertificate",
+                false,
+                "https://10.0.0.1:2379 requires a client certificate",
+            ),
+            (
+                "bad_certificate for the one we sent",
+                "received fatal alert: BadCertificate",
+                true,
+                "https://10.0.0.1:2379 rejected the client certificate",
+            ),
+            (
+                "unknown_ca for the one we sent",
+                "received fatal alert: UnknownCA",
+                true,
+                "https://10.0.0.1:2379 rejected the client certificate",
+            ),
+            (
+                "other certificate problem",
+                "invalid peer certificate: Expired",
+                true,
+                "TLS handshake with https://10.0.0.1:2379 failed: invalid peer certificate: Expired",
+            ),
+        ];
+        for (name, text, presented, expected) in cases {
+            let err = classify_tls(text, ep, "10.0.0.1", presented)
+                .unwrap_or_else(|| panic!("{name}: not classified"));
+            assert!(err.to_string().starts_with(expected), "{name}: {err}");
+        }
+        assert!(classify_tls("Connection refused", ep, "10.0.0.1", true).is_none());
+    }
+
+    #[test]
+    fn unreachable_reasons_are_short() {
+        assert_eq!(
+            unreachable_reason(
+                "transport error: tcp connect error: Connection refused (os error 111)"
+            ),
+            "connection refused"
+        );
+        assert!(looks_unreachable(
+            "error trying to connect: deadline has elapsed timed out"
+        ));
+    }
 }

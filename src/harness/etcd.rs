@@ -375,6 +375,10 @@ impl EtcdTestCluster {
     }
 
     /// Start `n` voting members and wait until they are healthy with a leader.
+    ///
+    /// Members are started with `PR_SET_PDEATHSIG`, which fires when the
+    /// *thread* that spawned them exits: start (and restart) clusters from a
+    /// test's own thread or a runtime worker, never from `spawn_blocking`.
     pub async fn start(n: usize) -> Result<Self, HarnessError> {
         Self::builder().members(n).start().await
     }
