@@ -295,3 +295,20 @@ async fn a_learner_makes_removal_unsafe() {
     // The learner is never chosen to lead.
     assert_ne!(snap.choose_transferee(leader).unwrap().id, learner.id);
 }
+
+#[tokio::test]
+async fn a_stopped_member_is_healthy_again_after_restart() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let member = (leader + 1) % 3;
+    c.stop(member).await.unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(!snap.member(c.member(member).id).unwrap().is_healthy());
+    assert_eq!(snap.assess_cluster().healthy, 2);
+
+    c.restart(member).await.unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(snap.members.iter().all(|m| m.is_healthy()), "{snap:?}");
+    assert_eq!(snap.assess_cluster().fault_tolerance, 1);
+}
