@@ -1,9 +1,438 @@
+//! `k3s-control-plane etcd status | move-leader | remove-member`: inspect and
+//! operate on a k3s embedded etcd directly, over verified mutual TLS.
+//!
+//! Exit codes: 0 done, 1 bad input or etcd error, 2 refused as unsafe (the
+//! quorum assessment explains why).
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct EtcdArgs {}
+use serde::Serialize;
 
-pub async fn run(_args: EtcdArgs) -> ExitCode {
-    eprintln!("k3s-control-plane etcd: not implemented yet");
-    ExitCode::FAILURE
+use crate::etcd::tls::{DEFAULT_MINTED_LIFETIME, read_pem_file};
+use crate::etcd::{
+    ClientTls, EtcdCluster, EtcdError, LeaderMove, MembershipSnapshot, Removal, SafeRemoval,
+    TlsError, Transport,
+};
+use crate::quorum::Assessment;
+
+#[derive(Debug, clap::Args)]
+pub struct EtcdArgs {
+    #[command(subcommand)]
+    pub command: EtcdCommand,
+
+    /// etcd client URLs, comma separated (https://<node-ip>:2379).
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        value_name = "URL[,URL...]"
+    )]
+    pub endpoints: Vec<String>,
+
+    /// etcd server CA certificate (k3s: server/tls/etcd/server-ca.crt).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+
+    /// Client certificate (k3s: server/tls/etcd/client.crt).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+
+    /// Client key (PKCS#8, SEC1 EC or PKCS#1 RSA).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+
+    /// etcd CA key: mint a short-lived client certificate from --cacert and this
+    /// key instead of --cert/--key (what the `<cluster>-etcd` Secret holds).
+    #[arg(long, global = true, value_name = "FILE", conflicts_with_all = ["cert", "key"])]
+    pub ca_key: Option<PathBuf>,
+
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum EtcdCommand {
+    /// Members, health of each on its own endpoint, alarms, leader and quorum.
+    Status,
+    /// Move leadership off a member (a no-op if it does not lead).
+    MoveLeader {
+        /// The member to move leadership off (name or 16-hex id).
+        #[arg(long, value_name = "NAME|ID")]
+        from: String,
+        /// The member to hand leadership to (default: the most up-to-date healthy voter).
+        #[arg(long, value_name = "NAME|ID")]
+        to: Option<String>,
+    },
+    /// Remove a member if quorum allows it, moving leadership off it first.
+    RemoveMember {
+        /// The member to remove (name or 16-hex id).
+        #[arg(value_name = "NAME|ID")]
+        member: String,
+    },
+}
+
+/// Why the command failed; each message is one line naming the flag or argument.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+    #[error("--endpoints {url:?}: {reason}")]
+    Endpoint { url: String, reason: String },
+    #[error("{arg} {given:?}: no such etcd member (members: {known})")]
+    UnknownMember {
+        arg: &'static str,
+        given: String,
+        known: String,
+    },
+    #[error("{0}")]
+    Etcd(EtcdError),
+}
+
+impl CliError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Etcd(EtcdError::UnsafeRemoval { .. } | EtcdError::AlarmsUnknown { .. }) => 2,
+            _ => 1,
+        }
+    }
+}
+
+impl From<EtcdError> for CliError {
+    fn from(err: EtcdError) -> Self {
+        CliError::Etcd(err)
+    }
+}
+
+pub async fn run(args: EtcdArgs) -> ExitCode {
+    crate::install_crypto_provider();
+    let output = args.output;
+    match execute(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if let (Output::Json, CliError::Etcd(EtcdError::UnsafeRemoval { assessment })) =
+                (output, &err)
+            {
+                print_json(&Refusal {
+                    refused: true,
+                    assessment: assessment.as_ref(),
+                });
+            }
+            eprintln!("error: {}", one_line(&err.to_string()));
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn flag(name: &str, path: &Path) -> String {
+    format!("{name} {}", path.display())
+}
+
+/// TLS from the flags; every problem names its flag.
+fn client_tls(args: &EtcdArgs) -> Result<ClientTls, CliError> {
+    let cacert = args.cacert.as_ref().ok_or(CliError::Missing("--cacert"))?;
+    let ca_field = flag("--cacert", cacert);
+    let ca_pem = read_pem_file(&ca_field, cacert)?;
+    if let Some(ca_key) = &args.ca_key {
+        let key_field = flag("--ca-key", ca_key);
+        let key_pem = read_pem_file(&key_field, ca_key)?;
+        return Ok(ClientTls::minted_from_ca(
+            (&ca_field, &ca_pem),
+            (&key_field, &key_pem),
+            DEFAULT_MINTED_LIFETIME,
+        )?);
+    }
+    let (cert, key) = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (Some(_), None) => return Err(CliError::Missing("--key (with --cert)")),
+        (None, Some(_)) => return Err(CliError::Missing("--cert (with --key)")),
+        (None, None) => return Err(CliError::Missing("--cert and --key, or --ca-key,")),
+    };
+    let cert_field = flag("--cert", cert);
+    let key_field = flag("--key", key);
+    let cert_pem = read_pem_file(&cert_field, cert)?;
+    let key_pem = read_pem_file(&key_field, key)?;
+    Ok(ClientTls::from_pem(
+        (&ca_field, &ca_pem),
+        (&cert_field, &cert_pem),
+        (&key_field, &key_pem),
+    )?)
+}
+
+fn endpoints(args: &EtcdArgs) -> Result<Vec<String>, CliError> {
+    let urls: Vec<String> = args
+        .endpoints
+        .iter()
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(CliError::Missing("--endpoints"));
+    }
+    for url in &urls {
+        if let Err(err) = Transport::Direct.resolve(url) {
+            let reason = match err {
+                EtcdError::InvalidEndpoint { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            return Err(CliError::Endpoint {
+                url: url.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(urls)
+}
+
+async fn execute(args: EtcdArgs) -> Result<(), CliError> {
+    // All input is checked before etcd is contacted.
+    let seeds = endpoints(&args)?;
+    let tls = client_tls(&args)?;
+    let etcd = EtcdCluster::new(&seeds, tls)?;
+    match &args.command {
+        EtcdCommand::Status => {
+            let snap = etcd.snapshot().await?;
+            match args.output {
+                Output::Json => print_json(&StatusJson::from(&snap)),
+                Output::Text => print_status(&snap),
+            }
+        }
+        EtcdCommand::MoveLeader { from, to } => {
+            let snap = etcd.snapshot().await?;
+            let from = resolve(&snap, "--from", from)?;
+            let to = to
+                .as_deref()
+                .map(|to| resolve(&snap, "--to", to))
+                .transpose()?;
+            let moved = etcd.move_leader_off(from, to).await?;
+            match args.output {
+                Output::Json => print_json(&moved),
+                Output::Text => println!("{}", describe_move(&moved)),
+            }
+        }
+        EtcdCommand::RemoveMember { member } => {
+            let snap = etcd.snapshot().await?;
+            let id = resolve(&snap, "NAME|ID", member)?;
+            let outcome = etcd.safe_remove(id).await?;
+            match args.output {
+                Output::Json => print_json(&outcome),
+                Output::Text => print_removal(&outcome),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn resolve(snap: &MembershipSnapshot, arg: &'static str, given: &str) -> Result<u64, CliError> {
+    snap.find(given)
+        .map(|m| m.id)
+        .ok_or_else(|| CliError::UnknownMember {
+            arg,
+            given: given.to_string(),
+            known: snap
+                .members
+                .iter()
+                .map(|m| format!("{} ({:016x})", m.label(), m.id))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+fn print_json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        Err(err) => eprintln!("error: cannot encode JSON: {err}"),
+    }
+}
+
+#[derive(Serialize)]
+struct Refusal<'a> {
+    refused: bool,
+    assessment: &'a Assessment,
+}
+
+/// `status --output json`, a stable shape for scripts.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusJson {
+    cluster_id: String,
+    leader: Option<String>,
+    members: Vec<MemberJson>,
+    quorum: QuorumJson,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MemberJson {
+    id: String,
+    name: String,
+    #[serde(rename = "peerURLs")]
+    peer_urls: Vec<String>,
+    #[serde(rename = "clientURLs")]
+    client_urls: Vec<String>,
+    learner: bool,
+    leader: bool,
+    healthy: bool,
+    error: Option<String>,
+    alarms: Vec<String>,
+    raft_term: Option<u64>,
+    raft_index: Option<u64>,
+    db_size: Option<i64>,
+    version: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct QuorumJson {
+    voters: usize,
+    healthy: usize,
+    size: usize,
+    fault_tolerance: usize,
+    summary: String,
+}
+
+impl From<&MembershipSnapshot> for StatusJson {
+    fn from(snap: &MembershipSnapshot) -> Self {
+        let q = snap.assess_cluster();
+        StatusJson {
+            cluster_id: format!("{:016x}", snap.cluster_id),
+            leader: snap.leader_member().map(|m| m.label()),
+            members: snap
+                .members
+                .iter()
+                .map(|m| MemberJson {
+                    id: format!("{:016x}", m.id),
+                    name: m.name.clone(),
+                    peer_urls: m.peer_urls.clone(),
+                    client_urls: m.client_urls.clone(),
+                    learner: m.learner,
+                    leader: snap.leader == Some(m.id),
+                    healthy: m.is_healthy(),
+                    error: m.view().probe_error,
+                    alarms: m.alarms.clone(),
+                    raft_term: m.status.as_ref().map(|s| s.raft_term),
+                    raft_index: m.status.as_ref().map(|s| s.raft_index),
+                    db_size: m.status.as_ref().map(|s| s.db_size),
+                    version: m.status.as_ref().map(|s| s.version.clone()),
+                })
+                .collect(),
+            quorum: QuorumJson {
+                voters: q.voters,
+                healthy: q.healthy,
+                size: q.size,
+                fault_tolerance: q.fault_tolerance,
+                summary: q.to_string(),
+            },
+        }
+    }
+}
+
+fn print_status(snap: &MembershipSnapshot) {
+    println!(
+        "cluster {:016x}, leader {}",
+        snap.cluster_id,
+        snap.leader_member()
+            .map_or_else(|| "none".to_string(), |m| m.label())
+    );
+    let rows: Vec<[String; 7]> = snap
+        .members
+        .iter()
+        .map(|m| {
+            let role = match (snap.leader == Some(m.id), m.learner) {
+                (true, _) => "leader",
+                (false, true) => "learner",
+                (false, false) => "follower",
+            };
+            let health = match m.unhealthy_reason() {
+                None => "healthy".to_string(),
+                Some(reason) => format!("UNHEALTHY: {reason}"),
+            };
+            let (raft, db) = m.status.as_ref().map_or(("-".into(), "-".into()), |s| {
+                (
+                    format!("{}/{}", s.raft_term, s.raft_index),
+                    format!("{:.1} MB", s.db_size as f64 / 1e6),
+                )
+            });
+            [
+                m.label(),
+                format!("{:016x}", m.id),
+                m.client_urls.join(","),
+                role.to_string(),
+                raft,
+                db,
+                health,
+            ]
+        })
+        .collect();
+    let header = [
+        "NAME",
+        "ID",
+        "CLIENT URL",
+        "ROLE",
+        "TERM/INDEX",
+        "DB",
+        "HEALTH",
+    ]
+    .map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    if let Some(reason) = &snap.alarms_error {
+        println!("alarms: unknown ({reason})");
+    }
+    println!("quorum: {}", snap.assess_cluster());
+}
+
+fn describe_move(moved: &LeaderMove) -> String {
+    match moved {
+        LeaderMove::NotLeader { member, leader } => format!(
+            "{member} is not the leader (leader: {}); nothing to do",
+            leader.as_deref().unwrap_or("none")
+        ),
+        LeaderMove::Moved {
+            from,
+            to,
+            elapsed_ms,
+        } => format!("moved leadership from {from} to {to} in {elapsed_ms} ms"),
+    }
+}
+
+fn print_removal(outcome: &SafeRemoval) {
+    println!("quorum: {}", outcome.assessment);
+    if let Some(moved) = &outcome.leader_move {
+        println!("{}", describe_move(moved));
+    }
+    match &outcome.removal {
+        Removal::Removed {
+            member,
+            via,
+            attempts,
+        } => println!("removed member {member} (request sent to {via}, {attempts} attempt(s))"),
+        Removal::AlreadyGone { member } => {
+            println!("member {member} is not in the cluster; nothing to do")
+        }
+    }
 }

@@ -1,4 +1,11 @@
-//! Local stand-ins for tests and the demo: real etcd clusters, and what CAPI
-//! itself would do to Machines.
+//! Test support that runs real things locally, and stands in for what a
+//! management cluster would run: etcd clusters on loopback with a k3s-like PKI
+//! and member names, and what CAPI's Machine controller does on deletion.
+//! Lives in `src/` (not `tests/`) because the demo uses it too.
 
 pub mod capi_sim;
+pub mod etcd;
+pub mod pki;
+
+pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};
+pub use pki::{CertPair, TestCa, TestPki};

@@ -1,0 +1,191 @@
+//! One single-endpoint etcd client per member endpoint.
+//!
+//! etcd answers `MoveLeader` only on the leader and `MemberRemove` must reach a
+//! member that stays, so requests are addressed to a chosen member, never
+//! load-balanced. Clients are cached per dial address and rebuilt when the
+//! client certificate is renewed.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use crate::etcd::error::{EtcdError, classify};
+use crate::etcd::tls::{ClientIdentity, ClientTls};
+use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
+
+/// Time limits for talking to etcd.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// TCP + TLS connection establishment.
+    pub connect: Duration,
+    /// One request (member list, move leader, member remove).
+    pub call: Duration,
+    /// One health probe (`Status` on a member's own endpoint): short, so that a
+    /// stopped (SIGSTOPped) member is counted unhealthy quickly.
+    pub probe: Duration,
+    /// How long to wait for a leadership move or a removal to be confirmed,
+    /// and how long to retry a removal etcd reports as transiently unsafe.
+    pub confirm: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(2),
+            call: Duration::from_secs(5),
+            probe: Duration::from_secs(2),
+            confirm: Duration::from_secs(15),
+        }
+    }
+}
+
+struct Pooled {
+    identity: Option<Arc<ClientIdentity>>,
+    client: Client,
+}
+
+/// A cache of per-endpoint clients sharing one TLS configuration.
+pub(crate) struct MemberClients {
+    tls: ClientTls,
+    transport: Transport,
+    timeouts: Timeouts,
+    pool: Mutex<HashMap<EtcdEndpoint, Pooled>>,
+}
+
+fn same_identity(a: &Option<Arc<ClientIdentity>>, b: &Option<Arc<ClientIdentity>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+impl MemberClients {
+    pub(crate) fn new(tls: ClientTls, transport: Transport, timeouts: Timeouts) -> Self {
+        Self {
+            tls,
+            transport,
+            timeouts,
+            pool: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    pub(crate) fn resolve(&self, client_url: &str) -> Result<EtcdEndpoint, EtcdError> {
+        self.transport.resolve(client_url)
+    }
+
+    /// The client for `endpoint`, built on first use (connection is lazy: TLS
+    /// problems show on the first call).
+    async fn client(&self, endpoint: &EtcdEndpoint) -> Result<Client, EtcdError> {
+        let identity = self.tls.client_identity()?;
+        if let Some(pooled) = self
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(endpoint)
+            && same_identity(&pooled.identity, &identity)
+        {
+            return Ok(pooled.client.clone());
+        }
+        let options = ConnectOptions::new()
+            .with_connect_timeout(self.timeouts.connect)
+            .with_tls(
+                self.tls
+                    .options_for(&endpoint.server_name, identity.as_deref()),
+            );
+        let presented = identity.is_some();
+        let client = Client::connect([endpoint.dial.as_str()], Some(options))
+            .await
+            .map_err(|e| {
+                classify(
+                    e,
+                    "connect",
+                    &endpoint.dial,
+                    &endpoint.server_name,
+                    presented,
+                )
+            })?;
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            endpoint.clone(),
+            Pooled {
+                identity,
+                client: client.clone(),
+            },
+        );
+        Ok(client)
+    }
+
+    /// Run `call` against `endpoint` within `limit`, classifying failures.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        endpoint: &EtcdEndpoint,
+        op: &'static str,
+        limit: Duration,
+        call: F,
+    ) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let client = self.client(endpoint).await?;
+        match tokio::time::timeout(limit, call(client)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => {
+                let presented = self.tls.has_client_certificate();
+                let mut err = classify(err, op, &endpoint.dial, &endpoint.server_name, presented);
+                if err.may_hide_tls_rejection()
+                    && let Some(tls_err) = self.diagnose(endpoint).await
+                {
+                    err = tls_err;
+                }
+                if err.is_unreachable() {
+                    // Start from a fresh connection next time.
+                    self.forget(endpoint);
+                }
+                Err(err)
+            }
+            Err(_) => {
+                self.forget(endpoint);
+                Err(EtcdError::Timeout {
+                    endpoint: endpoint.dial.clone(),
+                    op,
+                    after: limit,
+                })
+            }
+        }
+    }
+
+    /// A diagnostic handshake to find the TLS reason behind a closed connection.
+    async fn diagnose(&self, endpoint: &EtcdEndpoint) -> Option<EtcdError> {
+        let (host, port) = parse_https_url(&endpoint.dial).ok()?;
+        let tls = self.tls.clone();
+        let server_name = endpoint.server_name.clone();
+        let limit = self.timeouts.connect;
+        let text = tokio::task::spawn_blocking(move || {
+            tls.diagnose_handshake(&host, port, &server_name, limit)
+        })
+        .await
+        .ok()??;
+        EtcdError::from_handshake(
+            &text,
+            &endpoint.dial,
+            &endpoint.server_name,
+            self.tls.has_client_certificate(),
+        )
+    }
+
+    /// Drop the cached client of `endpoint` (e.g. its member was removed).
+    pub(crate) fn forget(&self, endpoint: &EtcdEndpoint) {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(endpoint);
+    }
+}

@@ -1,0 +1,602 @@
+//! TLS material for talking to etcd: the server CA, and a client identity that is
+//! either loaded from PEM files or minted from the etcd CA (what the
+//! `<cluster>-etcd` Secret holds) and renewed before it expires.
+//!
+//! Every error names the field or flag it came from (the caller passes that label),
+//! and nothing here ever prints key material: [`ClientIdentity`] and
+//! [`ClientCertMinter`] have hand-written `Debug` impls.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Certificate, Identity, TlsOptions};
+use rcgen::{
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::SignatureScheme;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::SigningKey as RustlsSigningKey;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// Common name of the client certificates we mint, as Cluster API providers do.
+pub const CLIENT_COMMON_NAME: &str = "cluster-api.x-k8s.io";
+/// Default lifetime of a minted client certificate.
+pub const DEFAULT_MINTED_LIFETIME: Duration = Duration::from_secs(3600);
+/// Minted certificates start this much in the past, to tolerate clock skew.
+const BACKDATE: Duration = Duration::from_secs(60);
+
+/// A problem with TLS material; `field` names where it came from (a CLI flag
+/// with its path, or a Secret and key).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{field}: cannot read: {reason}")]
+    Unreadable { field: String, reason: String },
+    #[error("{field}: no PEM certificate found")]
+    NoCertificate { field: String },
+    #[error("{field}: not a valid X.509 certificate: {reason}")]
+    BadCertificate { field: String, reason: String },
+    #[error("{field}: no PEM private key found (expected PKCS#8, SEC1 EC or PKCS#1 RSA)")]
+    NoKey { field: String },
+    #[error("{field}: unsupported or malformed private key: {reason}")]
+    BadKey { field: String, reason: String },
+    #[error("{key_field}: key does not match the certificate in {cert_field}")]
+    KeyMismatch {
+        key_field: String,
+        cert_field: String,
+    },
+    #[error(
+        "{field}: certificate is not valid for client authentication (no clientAuth extended key usage)"
+    )]
+    NotForClientAuth { field: String },
+    #[error("{field}: certificate expired at {not_after}")]
+    Expired { field: String, not_after: String },
+    #[error("{field}: certificate is not a CA (basicConstraints CA:TRUE missing)")]
+    NotCa { field: String },
+    #[error("cannot mint a client certificate from {field}: {reason}")]
+    Mint { field: String, reason: String },
+}
+
+/// Read a PEM file, naming `field` in the error.
+pub fn read_pem_file(field: &str, path: &std::path::Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::Unreadable {
+        field: field.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn parse_certs(field: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..])
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::BadCertificate {
+            field: field.to_string(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            field: field.to_string(),
+        });
+    }
+    for cert in &certs {
+        X509Certificate::from_der(cert).map_err(|e| TlsError::BadCertificate {
+            field: field.to_string(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(certs)
+}
+
+fn parse_key(field: &str, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    match rustls_pemfile::private_key(&mut &pem[..]) {
+        Ok(Some(key)) => Ok(key),
+        Ok(None) => Err(TlsError::NoKey {
+            field: field.to_string(),
+        }),
+        // The pemfile error names only the PEM section, never key bytes.
+        Err(e) => Err(TlsError::BadKey {
+            field: field.to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn signing_key(
+    field: &str,
+    key: &PrivateKeyDer<'static>,
+) -> Result<Arc<dyn RustlsSigningKey>, TlsError> {
+    rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| TlsError::BadKey {
+        field: field.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Fail unless `key` is the private half of `cert`'s public key.
+fn check_key_matches(
+    key: &dyn RustlsSigningKey,
+    key_field: &str,
+    cert: &CertificateDer<'_>,
+    cert_field: &str,
+) -> Result<(), TlsError> {
+    let (_, parsed) = X509Certificate::from_der(cert).map_err(|e| TlsError::BadCertificate {
+        field: cert_field.to_string(),
+        reason: e.to_string(),
+    })?;
+    let cert_spki = parsed.tbs_certificate.subject_pki.raw;
+    let matches = key
+        .public_key()
+        .is_some_and(|spki| spki.as_ref() == cert_spki);
+    if matches {
+        Ok(())
+    } else {
+        Err(TlsError::KeyMismatch {
+            key_field: key_field.to_string(),
+            cert_field: cert_field.to_string(),
+        })
+    }
+}
+
+fn not_after(cert: &CertificateDer<'_>) -> SystemTime {
+    X509Certificate::from_der(cert)
+        .map(|(_, c)| {
+            let secs = c.validity().not_after.timestamp();
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64)
+        })
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn subject(cert: &CertificateDer<'_>) -> String {
+    X509Certificate::from_der(cert)
+        .map(|(_, c)| c.subject().to_string())
+        .unwrap_or_default()
+}
+
+/// The etcd server CA bundle used to verify every member's serving certificate.
+#[derive(Clone)]
+pub struct ServerCa {
+    pem: Vec<u8>,
+    subject: String,
+}
+
+impl ServerCa {
+    pub fn from_pem(field: &str, pem: &[u8]) -> Result<Self, TlsError> {
+        let certs = parse_certs(field, pem)?;
+        Ok(Self {
+            pem: pem.to_vec(),
+            subject: subject(&certs[0]),
+        })
+    }
+
+    pub fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+}
+
+impl fmt::Debug for ServerCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerCa")
+            .field("subject", &self.subject)
+            .finish()
+    }
+}
+
+/// A client certificate and its private key. The key never leaves this type
+/// except into the TLS stack.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    cert_pem: String,
+    key_pem: String,
+    subject: String,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+impl ClientIdentity {
+    /// Load from PEM, checking the key matches the certificate, that the
+    /// certificate may be used for client authentication and has not expired.
+    pub fn from_pem(
+        cert_field: &str,
+        cert_pem: &[u8],
+        key_field: &str,
+        key_pem: &[u8],
+    ) -> Result<Self, TlsError> {
+        let certs = parse_certs(cert_field, cert_pem)?;
+        let key = parse_key(key_field, key_pem)?;
+        let signer = signing_key(key_field, &key)?;
+        check_key_matches(signer.as_ref(), key_field, &certs[0], cert_field)?;
+        let (_, leaf) =
+            X509Certificate::from_der(&certs[0]).map_err(|e| TlsError::BadCertificate {
+                field: cert_field.to_string(),
+                reason: e.to_string(),
+            })?;
+        if let Ok(Some(eku)) = leaf.extended_key_usage()
+            && !eku.value.client_auth
+            && !eku.value.any
+        {
+            return Err(TlsError::NotForClientAuth {
+                field: cert_field.to_string(),
+            });
+        }
+        let not_after = not_after(&certs[0]);
+        if not_after < SystemTime::now() {
+            return Err(TlsError::Expired {
+                field: cert_field.to_string(),
+                not_after: leaf.validity().not_after.to_string(),
+            });
+        }
+        let not_before = SystemTime::UNIX_EPOCH
+            + Duration::from_secs(leaf.validity().not_before.timestamp().max(0) as u64);
+        Ok(Self {
+            cert_pem: String::from_utf8_lossy(cert_pem).into_owned(),
+            key_pem: String::from_utf8_lossy(key_pem).into_owned(),
+            subject: leaf.subject().to_string(),
+            not_before,
+            not_after,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    fn tls_identity(&self) -> Identity {
+        Identity::from_pem(&self.cert_pem, &self.key_pem)
+    }
+
+    /// Whether less than a third of the lifetime is left at `now`.
+    fn due_for_renewal(&self, now: SystemTime) -> bool {
+        let lifetime = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        let left = self.not_after.duration_since(now).unwrap_or_default();
+        left < lifetime / 3
+    }
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("subject", &self.subject)
+            .field(
+                "not_after",
+                &chrono::DateTime::<chrono::Utc>::from(self.not_after),
+            )
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// An rcgen signer backed by a rustls signing key, so that CA keys in any PEM
+/// form (PKCS#8, SEC1 as k3s writes them, PKCS#1) can sign; rcgen with ring only
+/// reads PKCS#8.
+struct CaSigner {
+    key: Arc<dyn RustlsSigningKey>,
+    scheme: SignatureScheme,
+    algorithm: &'static rcgen::SignatureAlgorithm,
+    public_key: Vec<u8>,
+}
+
+impl CaSigner {
+    fn new(field: &str, key: Arc<dyn RustlsSigningKey>) -> Result<Self, TlsError> {
+        let candidates: [(SignatureScheme, &'static rcgen::SignatureAlgorithm); 4] = [
+            (
+                SignatureScheme::ECDSA_NISTP256_SHA256,
+                &rcgen::PKCS_ECDSA_P256_SHA256,
+            ),
+            (
+                SignatureScheme::ECDSA_NISTP384_SHA384,
+                &rcgen::PKCS_ECDSA_P384_SHA384,
+            ),
+            (SignatureScheme::ED25519, &rcgen::PKCS_ED25519),
+            (SignatureScheme::RSA_PKCS1_SHA256, &rcgen::PKCS_RSA_SHA256),
+        ];
+        let (scheme, algorithm) = candidates
+            .into_iter()
+            .find(|(scheme, _)| key.choose_scheme(&[*scheme]).is_some())
+            .ok_or_else(|| TlsError::Mint {
+                field: field.to_string(),
+                reason: "unsupported CA key algorithm".into(),
+            })?;
+        let spki = key.public_key().ok_or_else(|| TlsError::Mint {
+            field: field.to_string(),
+            reason: "cannot derive the CA public key".into(),
+        })?;
+        let (_, info) =
+            x509_parser::x509::SubjectPublicKeyInfo::from_der(spki.as_ref()).map_err(|e| {
+                TlsError::Mint {
+                    field: field.to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
+        let public_key = info.subject_public_key.data.to_vec();
+        Ok(Self {
+            key,
+            scheme,
+            algorithm,
+            public_key,
+        })
+    }
+}
+
+impl rcgen::PublicKeyData for CaSigner {
+    fn der_bytes(&self) -> &[u8] {
+        &self.public_key
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.algorithm
+    }
+}
+
+impl rcgen::SigningKey for CaSigner {
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        let signer = self
+            .key
+            .choose_scheme(&[self.scheme])
+            .ok_or(rcgen::Error::RemoteKeyError)?;
+        signer.sign(msg).map_err(|_| rcgen::Error::RemoteKeyError)
+    }
+}
+
+/// Mints short-lived client certificates (ClientAuth, CN `cluster-api.x-k8s.io`)
+/// from the etcd CA certificate and key, and re-mints when less than a third of
+/// the lifetime is left.
+pub struct ClientCertMinter {
+    ca_field: String,
+    ca_cert_pem: String,
+    signer: CaSigner,
+    lifetime: Duration,
+    current: Mutex<Option<Arc<ClientIdentity>>>,
+}
+
+impl ClientCertMinter {
+    pub fn new(
+        ca_cert_field: &str,
+        ca_cert_pem: &[u8],
+        ca_key_field: &str,
+        ca_key_pem: &[u8],
+        lifetime: Duration,
+    ) -> Result<Self, TlsError> {
+        let certs = parse_certs(ca_cert_field, ca_cert_pem)?;
+        let (_, ca) =
+            X509Certificate::from_der(&certs[0]).map_err(|e| TlsError::BadCertificate {
+                field: ca_cert_field.to_string(),
+                reason: e.to_string(),
+            })?;
+        if !ca.is_ca() {
+            return Err(TlsError::NotCa {
+                field: ca_cert_field.to_string(),
+            });
+        }
+        let key = parse_key(ca_key_field, ca_key_pem)?;
+        let key = signing_key(ca_key_field, &key)?;
+        check_key_matches(key.as_ref(), ca_key_field, &certs[0], ca_cert_field)?;
+        let signer = CaSigner::new(ca_key_field, key)?;
+        let minter = Self {
+            ca_field: ca_cert_field.to_string(),
+            ca_cert_pem: String::from_utf8_lossy(ca_cert_pem).into_owned(),
+            signer,
+            lifetime,
+            current: Mutex::new(None),
+        };
+        // Mint once now so that a CA that cannot sign fails at load time.
+        minter.current()?;
+        Ok(minter)
+    }
+
+    /// The current client identity, re-minted when due for renewal.
+    pub fn current(&self) -> Result<Arc<ClientIdentity>, TlsError> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(identity) = current.as_ref()
+            && !identity.due_for_renewal(SystemTime::now())
+        {
+            return Ok(identity.clone());
+        }
+        let fresh = Arc::new(self.mint()?);
+        *current = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Mint a fresh client certificate with a new key.
+    pub fn mint(&self) -> Result<ClientIdentity, TlsError> {
+        let err = |reason: String| TlsError::Mint {
+            field: self.ca_field.clone(),
+            reason,
+        };
+        let issuer = Issuer::from_ca_cert_pem(&self.ca_cert_pem, &self.signer)
+            .map_err(|e| err(e.to_string()))?;
+        let key = KeyPair::generate().map_err(|e| err(e.to_string()))?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, CLIENT_COMMON_NAME);
+        params.distinguished_name = dn;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let now = SystemTime::now();
+        params.not_before = (now - BACKDATE).into();
+        params.not_after = (now + self.lifetime).into();
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(|e| err(e.to_string()))?;
+        Ok(ClientIdentity {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            subject: format!("CN={CLIENT_COMMON_NAME}"),
+            not_before: now - BACKDATE,
+            not_after: now + self.lifetime,
+        })
+    }
+}
+
+impl fmt::Debug for ClientCertMinter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCertMinter")
+            .field("ca", &self.ca_field)
+            .field("lifetime", &self.lifetime)
+            .field("ca_key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Where the client identity comes from.
+#[derive(Clone, Debug)]
+pub enum ClientCertSource {
+    /// Loaded once from PEM.
+    Static(Arc<ClientIdentity>),
+    /// Minted from the etcd CA and renewed before expiry.
+    Minted(Arc<ClientCertMinter>),
+}
+
+impl ClientCertSource {
+    pub fn current(&self) -> Result<Arc<ClientIdentity>, TlsError> {
+        match self {
+            ClientCertSource::Static(identity) => Ok(identity.clone()),
+            ClientCertSource::Minted(minter) => minter.current(),
+        }
+    }
+}
+
+/// Everything needed to open verified mutual-TLS connections to etcd members.
+/// There is deliberately no way to skip server verification.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    ca: ServerCa,
+    client: Option<ClientCertSource>,
+}
+
+impl ClientTls {
+    pub fn new(ca: ServerCa, client: ClientCertSource) -> Self {
+        Self {
+            ca,
+            client: Some(client),
+        }
+    }
+
+    /// From PEM files' contents: server CA, client certificate and key.
+    pub fn from_pem(
+        ca: (&str, &[u8]),
+        cert: (&str, &[u8]),
+        key: (&str, &[u8]),
+    ) -> Result<Self, TlsError> {
+        let ca = ServerCa::from_pem(ca.0, ca.1)?;
+        let identity = ClientIdentity::from_pem(cert.0, cert.1, key.0, key.1)?;
+        Ok(Self::new(ca, ClientCertSource::Static(Arc::new(identity))))
+    }
+
+    /// From the etcd CA certificate and key: the CA verifies servers and mints
+    /// our client certificates.
+    pub fn minted_from_ca(
+        ca_cert: (&str, &[u8]),
+        ca_key: (&str, &[u8]),
+        lifetime: Duration,
+    ) -> Result<Self, TlsError> {
+        let ca = ServerCa::from_pem(ca_cert.0, ca_cert.1)?;
+        let minter = ClientCertMinter::new(ca_cert.0, ca_cert.1, ca_key.0, ca_key.1, lifetime)?;
+        Ok(Self::new(ca, ClientCertSource::Minted(Arc::new(minter))))
+    }
+
+    /// Server verification only, no client certificate. Only useful to diagnose
+    /// a server that does not require client certificates (and in tests that
+    /// check the error when one is required).
+    pub fn without_client_certificate(ca: ServerCa) -> Self {
+        Self { ca, client: None }
+    }
+
+    /// Whether connections present a client certificate.
+    pub fn has_client_certificate(&self) -> bool {
+        self.client.is_some()
+    }
+
+    pub fn server_ca(&self) -> &ServerCa {
+        &self.ca
+    }
+
+    /// The current client identity, if any (renewed when minted).
+    pub fn client_identity(&self) -> Result<Option<Arc<ClientIdentity>>, TlsError> {
+        self.client.as_ref().map(|c| c.current()).transpose()
+    }
+
+    /// etcd-client TLS options verifying the server chain against our CA and
+    /// its certificate against `server_name`.
+    pub(crate) fn options_for(
+        &self,
+        server_name: &str,
+        identity: Option<&ClientIdentity>,
+    ) -> TlsOptions {
+        let mut options = TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(self.ca.pem()))
+            .domain_name(server_name);
+        if let Some(identity) = identity {
+            options = options.identity(identity.tls_identity());
+        }
+        options
+    }
+}
+
+impl ClientTls {
+    /// Run one TLS handshake with exactly this configuration against `dial`
+    /// (`host:port`) and return the TLS error text if it fails, including a
+    /// rejection the server sends right after the handshake. Used to explain a
+    /// connection that gRPC only reports as "closed".
+    pub(crate) fn diagnose_handshake(
+        &self,
+        host: &str,
+        port: u16,
+        server_name: &str,
+        limit: Duration,
+    ) -> Option<String> {
+        use std::io::Read;
+        use std::net::{TcpStream, ToSocketAddrs};
+
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut self.ca.pem()).flatten() {
+            let _ = roots.add(cert);
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots);
+        let identity = self.client_identity().ok()?;
+        let mut config = match identity {
+            Some(identity) => {
+                let certs = parse_certs("client", identity.cert_pem.as_bytes()).ok()?;
+                let key = parse_key("client", identity.key_pem.as_bytes()).ok()?;
+                builder.with_client_auth_cert(certs, key).ok()?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).ok()?;
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+        let addr = (host, port).to_socket_addrs().ok()?.next()?;
+        let mut tcp = TcpStream::connect_timeout(&addr, limit).ok()?;
+        tcp.set_read_timeout(Some(limit)).ok()?;
+        tcp.set_write_timeout(Some(limit)).ok()?;
+        let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+        // A read drives the handshake and then receives the server's verdict
+        // on our certificate (an alert), or times out when all is well.
+        let mut byte = [0u8; 1];
+        match tls.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Some(e.to_string()),
+            Err(e) => e
+                .get_ref()
+                .map(|inner| inner.to_string())
+                .filter(|t| t.contains("alert") || t.contains("certificate")),
+            Ok(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

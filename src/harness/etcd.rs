@@ -1,0 +1,842 @@
+//! Real etcd clusters on loopback for tests and the demo.
+//!
+//! Each member gets its OWN address in 127.0.0.0/8 with the standard ports 2379
+//! (client) and 2380 (peer), as on real nodes. A cluster claims an address
+//! block `127.77.<b>.0/24` with an exclusive `flock` on
+//! `/tmp/k3scp-etcd-block-<b>.lock`, held for its life, so threads of one test
+//! binary and concurrent processes never collide. At most
+//! [`MAX_CLUSTERS_PER_PROCESS`] clusters run at once per process (the machines
+//! have 2 cores), and members use a generous heartbeat/election timeout so a
+//! loaded CPU does not cause elections. Every wait polls a condition with a
+//! deadline. Dropping the cluster kills every member (also on panic), and
+//! members get SIGKILL if the process that started them dies.
+
+use std::fs::{File, OpenOptions};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd_client::MemberAddOptions;
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::etcd::{ClientTls, EtcdCluster, EtcdError, MembershipSnapshot, Timeouts, Transport};
+use crate::harness::pki::{PairFiles, TestPki, write_pair};
+
+/// How many clusters one process runs at once.
+pub const MAX_CLUSTERS_PER_PROCESS: usize = 3;
+/// Addresses `.1` to `.MAX_MEMBERS` of a block are usable by members.
+pub const MAX_MEMBERS: usize = 9;
+const BLOCK_PREFIX: (u8, u8) = (127, 77);
+const HEARTBEAT_MS: u32 = 100;
+const ELECTION_MS: u32 = 1500;
+const POLL: Duration = Duration::from_millis(100);
+
+static CLUSTER_SLOTS: Semaphore = Semaphore::const_new(MAX_CLUSTERS_PER_PROCESS);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("etcd binary not found (set ETCD_BIN or install it: apt-get install -y etcd-server)")]
+    EtcdNotFound,
+    #[error("cluster of {0} members asked; between 1 and {MAX_MEMBERS} are supported")]
+    BadSize(usize),
+    #[error("no free address block 127.77.<b>.0/24 (all 256 locked or in use)")]
+    NoFreeBlock,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("member {member} exited: {status}; log tail:\n{log}")]
+    MemberExited {
+        member: String,
+        status: String,
+        log: String,
+    },
+    #[error("{what} did not happen within {after:?}: {last}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        last: String,
+    },
+    #[error("no member at index {0}")]
+    NoMember(usize),
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
+    let what = what.into();
+    move |source| HarnessError::Io { what, source }
+}
+
+/// The etcd binary: `ETCD_BIN`, else `etcd` on PATH.
+pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
+    if let Some(bin) = std::env::var_os("ETCD_BIN") {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(HarnessError::EtcdNotFound)
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("etcd"))
+        .find(|p| p.is_file())
+        .ok_or(HarnessError::EtcdNotFound)
+}
+
+/// An exclusively locked address block.
+struct Block {
+    index: u8,
+    _lock: Flock<File>,
+}
+
+impl Block {
+    fn address(&self, member: usize) -> Ipv4Addr {
+        Ipv4Addr::new(BLOCK_PREFIX.0, BLOCK_PREFIX.1, self.index, member as u8 + 1)
+    }
+
+    /// Lock the first free block whose addresses are also free of listeners
+    /// (a stray etcd from a killed run must not be mistaken for ours).
+    fn claim() -> Result<Self, HarnessError> {
+        let start = (std::process::id() % 256) as usize;
+        for offset in 0..256 {
+            let index = ((start + offset) % 256) as u8;
+            let path = format!("/tmp/k3scp-etcd-block-{index}.lock");
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io(format!("open {path}")))?;
+            let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+                continue;
+            };
+            let block = Block { index, _lock: lock };
+            let free = (0..MAX_MEMBERS).all(|m| {
+                [2379, 2380].iter().all(|port| {
+                    TcpListener::bind(SocketAddr::from((block.address(m), *port))).is_ok()
+                })
+            });
+            if free {
+                return Ok(block);
+            }
+        }
+        Err(HarnessError::NoFreeBlock)
+    }
+}
+
+/// One etcd member process.
+#[derive(Debug)]
+pub struct TestMember {
+    /// The Node name, e.g. `cp-0`.
+    pub node_name: String,
+    /// The etcd member name, k3s style `<node>-<8 hex>`.
+    pub name: String,
+    pub ip: Ipv4Addr,
+    /// Member id, known once the member has joined.
+    pub id: u64,
+    pub learner: bool,
+    /// False when the serving certificate deliberately lacks the member's IP:
+    /// it cannot be probed on its address, so readiness only waits for it to join.
+    pub ip_in_serving_cert: bool,
+    dir: PathBuf,
+    serving: PairFiles,
+    peer: PairFiles,
+    initial_cluster: String,
+    initial_state: &'static str,
+    child: Option<Child>,
+}
+
+impl TestMember {
+    pub fn client_url(&self) -> String {
+        format!("https://{}:2379", self.ip)
+    }
+
+    pub fn peer_url(&self) -> String {
+        format!("https://{}:2380", self.ip)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    fn spawn(
+        &mut self,
+        bin: &Path,
+        ca: &Path,
+        peer_ca: &Path,
+        token: &str,
+    ) -> Result<(), HarnessError> {
+        let log = File::create(self.log_path()).map_err(io("create etcd log"))?;
+        let log_err = log.try_clone().map_err(io("clone etcd log"))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .arg("--listen-client-urls")
+            .arg(self.client_url())
+            .arg("--advertise-client-urls")
+            .arg(self.client_url())
+            .arg("--listen-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-advertise-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-cluster")
+            .arg(&self.initial_cluster)
+            .arg("--initial-cluster-state")
+            .arg(self.initial_state)
+            .arg("--initial-cluster-token")
+            .arg(token)
+            .arg("--cert-file")
+            .arg(&self.serving.cert)
+            .arg("--key-file")
+            .arg(&self.serving.key)
+            .arg("--trusted-ca-file")
+            .arg(ca)
+            .arg("--client-cert-auth")
+            .arg("--peer-cert-file")
+            .arg(&self.peer.cert)
+            .arg("--peer-key-file")
+            .arg(&self.peer.key)
+            .arg("--peer-trusted-ca-file")
+            .arg(peer_ca)
+            .arg("--peer-client-cert-auth")
+            .arg("--heartbeat-interval")
+            .arg(HEARTBEAT_MS.to_string())
+            .arg("--election-timeout")
+            .arg(ELECTION_MS.to_string())
+            .arg("--pre-vote")
+            .arg("--logger=zap")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        // SAFETY: only async-signal-safe prctl between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Members die with the process that started them, even if it is
+                // SIGKILLed and never runs Drop.
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(io(format!("start etcd member {}", self.name)))?;
+        self.child = Some(child);
+        self.initial_state = "existing";
+        Ok(())
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), HarnessError> {
+        if let Some(pid) = self.pid() {
+            kill(Pid::from_raw(pid as i32), signal).map_err(|e| HarnessError::Io {
+                what: format!("{signal} to {}", self.name),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Exit status if the process has exited.
+    fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => None,
+        }
+    }
+
+    async fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.child.is_none() || self.exited().is_some() {
+                self.child = None;
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill_now(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Options for [`EtcdTestCluster`].
+#[derive(Clone, Debug)]
+pub struct EtcdTestClusterBuilder {
+    members: usize,
+    without_ip_san: Vec<usize>,
+    learners: usize,
+    ready_timeout: Duration,
+}
+
+impl EtcdTestClusterBuilder {
+    /// Number of voting members at start.
+    pub fn members(mut self, n: usize) -> Self {
+        self.members = n;
+        self
+    }
+
+    /// Give member `index` a serving certificate without its IP address
+    /// (only `localhost`/127.0.0.1), to test server-name verification.
+    pub fn serving_cert_without_ip(mut self, index: usize) -> Self {
+        self.without_ip_san.push(index);
+        self
+    }
+
+    /// Add this many learners once the voters are up.
+    pub fn learners(mut self, n: usize) -> Self {
+        self.learners = n;
+        self
+    }
+
+    pub fn ready_timeout(mut self, limit: Duration) -> Self {
+        self.ready_timeout = limit;
+        self
+    }
+
+    pub async fn start(self) -> Result<EtcdTestCluster, HarnessError> {
+        EtcdTestCluster::start_with(self).await
+    }
+}
+
+/// A running local etcd cluster with a k3s-like PKI and member names.
+pub struct EtcdTestCluster {
+    pub pki: TestPki,
+    members: Vec<TestMember>,
+    bin: PathBuf,
+    ca_file: PathBuf,
+    ca_key_file: PathBuf,
+    peer_ca_file: PathBuf,
+    client_files: PairFiles,
+    token: String,
+    admin: EtcdCluster,
+    ready_timeout: Duration,
+    // Dropped after the members are killed (field order): the block stays
+    // locked, and the slot taken, until the addresses are free again.
+    dir: tempfile::TempDir,
+    _block: Block,
+    _slot: SemaphorePermit<'static>,
+}
+
+impl std::fmt::Debug for EtcdTestCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTestCluster")
+            .field("block", &self._block.index)
+            .field("members", &self.members)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:08x}", hasher.finish() as u32)
+}
+
+impl EtcdTestCluster {
+    pub fn builder() -> EtcdTestClusterBuilder {
+        EtcdTestClusterBuilder {
+            members: 3,
+            without_ip_san: Vec::new(),
+            learners: 0,
+            ready_timeout: Duration::from_secs(45),
+        }
+    }
+
+    /// Start `n` voting members and wait until they are healthy with a leader.
+    ///
+    /// Members are started with `PR_SET_PDEATHSIG`, which fires when the
+    /// *thread* that spawned them exits: start (and restart) clusters from a
+    /// test's own thread or a runtime worker, never from `spawn_blocking`.
+    pub async fn start(n: usize) -> Result<Self, HarnessError> {
+        Self::builder().members(n).start().await
+    }
+
+    async fn start_with(opts: EtcdTestClusterBuilder) -> Result<Self, HarnessError> {
+        if opts.members == 0 || opts.members + opts.learners > MAX_MEMBERS {
+            return Err(HarnessError::BadSize(opts.members + opts.learners));
+        }
+        let bin = etcd_binary()?;
+        let slot = CLUSTER_SLOTS
+            .acquire()
+            .await
+            .expect("the cluster semaphore is never closed");
+        let block = Block::claim()?;
+        let dir = tempfile::Builder::new()
+            .prefix("k3scp-etcd-")
+            .tempdir()
+            .map_err(io("create temp dir"))?;
+        let pki = TestPki::new();
+        let tls_dir = dir.path().join("pki");
+        let ca = write_pair(&tls_dir, "server-ca", &pki.server_ca.pair).map_err(io("write CA"))?;
+        let peer_ca =
+            write_pair(&tls_dir, "peer-ca", &pki.peer_ca.pair).map_err(io("write peer CA"))?;
+        let client_files =
+            write_pair(&tls_dir, "client", &pki.client).map_err(io("write client"))?;
+
+        let mut members = Vec::new();
+        for i in 0..opts.members {
+            members.push(Self::new_member(
+                &pki,
+                &block,
+                dir.path(),
+                i,
+                !opts.without_ip_san.contains(&i),
+            )?);
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",");
+        for m in &mut members {
+            m.initial_cluster = initial_cluster.clone();
+        }
+        let tls = ClientTls::from_pem(
+            ("server-ca.crt", pki.server_ca.pair.cert_pem.as_bytes()),
+            ("client.crt", pki.client.cert_pem.as_bytes()),
+            ("client.key", pki.client.key_pem.as_bytes()),
+        )
+        .expect("the generated PKI is consistent");
+        // The admin connection seeds only from members whose certificate is
+        // valid for their address.
+        let seeds: Vec<String> = members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !opts.without_ip_san.contains(i))
+            .map(|(_, m)| m.client_url())
+            .collect();
+        let admin = EtcdCluster::with_options(
+            &seeds,
+            tls,
+            Transport::Direct,
+            Timeouts {
+                connect: Duration::from_secs(1),
+                call: Duration::from_secs(3),
+                probe: Duration::from_secs(2),
+                confirm: Duration::from_secs(15),
+            },
+        )?;
+        let mut cluster = Self {
+            token: format!("k3scp-{}-{}", block.index, random_suffix()),
+            pki,
+            members,
+            bin,
+            ca_file: ca.cert,
+            ca_key_file: ca.key,
+            peer_ca_file: peer_ca.cert,
+            client_files,
+            admin,
+            ready_timeout: opts.ready_timeout,
+            dir,
+            _block: block,
+            _slot: slot,
+        };
+        for i in 0..cluster.members.len() {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_ready().await?;
+        for _ in 0..opts.learners {
+            cluster.add_learner().await?;
+        }
+        Ok(cluster)
+    }
+
+    fn new_member(
+        pki: &TestPki,
+        block: &Block,
+        dir: &Path,
+        index: usize,
+        ip_in_serving_cert: bool,
+    ) -> Result<TestMember, HarnessError> {
+        let node_name = format!("cp-{index}");
+        let name = format!("{node_name}-{}", random_suffix());
+        let ip = block.address(index);
+        let member_dir = dir.join(&node_name);
+        let tls = member_dir.join("tls");
+        let serving = write_pair(
+            &tls,
+            "server-client",
+            &pki.serving(&name, ip, ip_in_serving_cert),
+        )
+        .map_err(io("write serving cert"))?;
+        let peer = write_pair(&tls, "peer-server-client", &pki.peer(&name, ip))
+            .map_err(io("write peer cert"))?;
+        Ok(TestMember {
+            node_name,
+            name,
+            ip,
+            id: 0,
+            learner: false,
+            ip_in_serving_cert,
+            dir: member_dir,
+            serving,
+            peer,
+            initial_cluster: String::new(),
+            initial_state: "new",
+            child: None,
+        })
+    }
+
+    fn spawn(&mut self, index: usize) -> Result<(), HarnessError> {
+        let (bin, ca, peer_ca, token) = (
+            self.bin.clone(),
+            self.ca_file.clone(),
+            self.peer_ca_file.clone(),
+            self.token.clone(),
+        );
+        self.member_mut(index)?.spawn(&bin, &ca, &peer_ca, &token)
+    }
+
+    fn member_mut(&mut self, index: usize) -> Result<&mut TestMember, HarnessError> {
+        self.members
+            .get_mut(index)
+            .ok_or(HarnessError::NoMember(index))
+    }
+
+    /// Fail fast if a member that should run has exited.
+    fn check_alive(&mut self, running: &[usize]) -> Result<(), HarnessError> {
+        for &i in running {
+            let member = &mut self.members[i];
+            if let Some(status) = member.exited() {
+                return Err(HarnessError::MemberExited {
+                    member: member.name.clone(),
+                    status,
+                    log: member.log_tail(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Poll until every running member answers its own `Status` without errors
+    /// and they agree on one leader; record member ids.
+    pub async fn wait_ready(&mut self) -> Result<MembershipSnapshot, HarnessError> {
+        let running: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .collect();
+        let names: Vec<(String, bool)> = running
+            .iter()
+            .map(|&i| {
+                let m = &self.members[i];
+                (m.name.clone(), m.ip_in_serving_cert)
+            })
+            .collect();
+        let snap = self
+            .poll(
+                "cluster ready",
+                self.ready_timeout,
+                |snap| {
+                    let Some(leader) = snap.leader else {
+                        return Err("no leader yet".to_string());
+                    };
+                    for (name, probeable) in &names {
+                        let Some(m) = snap.member_by_name(name) else {
+                            return Err(format!("{name} not listed (or not started) yet"));
+                        };
+                        if !probeable {
+                            continue;
+                        }
+                        if let Some(reason) = m.unhealthy_reason() {
+                            return Err(format!("{name}: {reason}"));
+                        }
+                        if m.status.as_ref().map(|s| s.leader) != Some(leader) {
+                            return Err(format!("{name} does not follow the leader yet"));
+                        }
+                    }
+                    Ok(())
+                },
+                &running,
+            )
+            .await?;
+        for member in &mut self.members {
+            if let Some(m) = snap.member_by_name(&member.name) {
+                member.id = m.id;
+                member.learner = m.learner;
+            }
+        }
+        Ok(snap)
+    }
+
+    /// Poll snapshots until `ready` accepts one, or time out with its last reason.
+    pub async fn poll(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        ready: impl Fn(&MembershipSnapshot) -> Result<(), String>,
+        running: &[usize],
+    ) -> Result<MembershipSnapshot, HarnessError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.check_alive(running)?;
+            let last = match self.admin.snapshot().await {
+                Ok(snap) => match ready(&snap) {
+                    Ok(()) => return Ok(snap),
+                    Err(reason) => reason,
+                },
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: what.to_string(),
+                    after: limit,
+                    last,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Add a learner (`member add --learner`), start it and wait until it runs.
+    pub async fn add_learner(&mut self) -> Result<usize, HarnessError> {
+        let index = self.members.len();
+        if index >= MAX_MEMBERS {
+            return Err(HarnessError::BadSize(index + 1));
+        }
+        let mut member = Self::new_member(&self.pki, &self._block, self.dir.path(), index, true)?;
+        let peer_url = member.peer_url();
+        let receiver = self
+            .members
+            .iter()
+            .find(|m| m.child.is_some() && !m.learner)
+            .ok_or(HarnessError::NoMember(0))?;
+        let endpoint = Transport::Direct.resolve(&receiver.client_url())?;
+        let deadline = Instant::now() + self.ready_timeout;
+        let added = loop {
+            let urls = vec![peer_url.clone()];
+            let result = self
+                .admin
+                .clients
+                .call(
+                    &endpoint,
+                    "member add",
+                    Duration::from_secs(3),
+                    |mut c| async move {
+                        c.member_add(urls, Some(MemberAddOptions::new().with_is_learner()))
+                            .await
+                    },
+                )
+                .await;
+            match result {
+                Ok(resp) => break resp,
+                Err(err) if err.is_transient() && Instant::now() < deadline => {
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        };
+        member.id = added.member().map_or(0, |m| m.id());
+        member.learner = true;
+        member.initial_cluster = added
+            .member_list()
+            .iter()
+            .map(|m| {
+                let name = if m.id() == member.id {
+                    member.name.clone()
+                } else {
+                    m.name().to_string()
+                };
+                format!(
+                    "{name}={}",
+                    m.peer_urls().first().cloned().unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        member.initial_state = "existing";
+        self.members.push(member);
+        self.spawn(index)?;
+        let name = self.members[index].name.clone();
+        let running: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .collect();
+        self.poll(
+            "learner started",
+            self.ready_timeout,
+            |snap| match snap.member_by_name(&name) {
+                Some(m) if m.learner && m.status.is_some() => Ok(()),
+                Some(_) => Err(format!("{name} not answering yet")),
+                None => Err(format!("{name} has not started")),
+            },
+            &running,
+        )
+        .await?;
+        Ok(index)
+    }
+
+    /// SIGTERM a member and wait for it to exit (SIGKILL after 10 s).
+    pub async fn stop(&mut self, index: usize) -> Result<(), HarnessError> {
+        let member = self.member_mut(index)?;
+        let _ = member.signal(Signal::SIGCONT);
+        member.signal(Signal::SIGTERM)?;
+        if !member.wait_exit(Duration::from_secs(10)).await {
+            member.kill_now();
+        }
+        Ok(())
+    }
+
+    /// SIGKILL a member.
+    pub fn kill(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.member_mut(index)?.kill_now();
+        Ok(())
+    }
+
+    /// SIGSTOP a member: it stays connected but answers nothing.
+    pub fn pause(&self, index: usize) -> Result<(), HarnessError> {
+        self.members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?
+            .signal(Signal::SIGSTOP)
+    }
+
+    /// SIGCONT a paused member.
+    pub fn resume(&self, index: usize) -> Result<(), HarnessError> {
+        self.members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?
+            .signal(Signal::SIGCONT)
+    }
+
+    /// Start a stopped member again on its data dir and wait until the cluster is ready.
+    pub async fn restart(&mut self, index: usize) -> Result<(), HarnessError> {
+        if self.member_mut(index)?.child.is_some() {
+            self.stop(index).await?;
+        }
+        self.spawn(index)?;
+        self.wait_ready().await?;
+        Ok(())
+    }
+
+    /// Wait until a member's process has exited (e.g. after it was removed).
+    pub async fn wait_exited(&mut self, index: usize, limit: Duration) -> Result<(), HarnessError> {
+        let member = self.member_mut(index)?;
+        if member.wait_exit(limit).await {
+            Ok(())
+        } else {
+            Err(HarnessError::Timeout {
+                what: format!("{} exiting", member.name),
+                after: limit,
+                last: "still running".into(),
+            })
+        }
+    }
+
+    pub fn members(&self) -> &[TestMember] {
+        &self.members
+    }
+
+    pub fn member(&self, index: usize) -> &TestMember {
+        &self.members[index]
+    }
+
+    /// Client URLs of all members, in index order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(TestMember::client_url).collect()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.node_name.clone()).collect()
+    }
+
+    pub fn member_names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// Index of the member with this id.
+    pub fn index_of(&self, id: u64) -> Option<usize> {
+        self.members.iter().position(|m| m.id == id)
+    }
+
+    /// TLS with the harness client certificate (loaded from PEM).
+    pub fn client_tls(&self) -> ClientTls {
+        ClientTls::from_pem(
+            ("server-ca.crt", self.pki.server_ca.pair.cert_pem.as_bytes()),
+            ("client.crt", self.pki.client.cert_pem.as_bytes()),
+            ("client.key", self.pki.client.key_pem.as_bytes()),
+        )
+        .expect("the generated PKI is consistent")
+    }
+
+    /// TLS minting client certificates from the etcd CA, as the controller does.
+    pub fn minted_tls(&self) -> ClientTls {
+        ClientTls::minted_from_ca(
+            ("server-ca.crt", self.pki.server_ca.pair.cert_pem.as_bytes()),
+            ("server-ca.key", self.pki.server_ca.pair.key_pem.as_bytes()),
+            crate::etcd::tls::DEFAULT_MINTED_LIFETIME,
+        )
+        .expect("the generated CA can mint")
+    }
+
+    /// A fresh engine handle on this cluster, seeded with every endpoint.
+    pub fn connect(&self) -> EtcdCluster {
+        EtcdCluster::new(&self.endpoints(), self.client_tls()).expect("valid endpoints")
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.pki.server_ca.pair.cert_pem
+    }
+
+    pub fn ca_key_pem(&self) -> &str {
+        &self.pki.server_ca.pair.key_pem
+    }
+
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.ca_file
+    }
+
+    pub fn ca_key_path(&self) -> &Path {
+        &self.ca_key_file
+    }
+
+    pub fn client_cert_path(&self) -> &Path {
+        &self.client_files.cert
+    }
+
+    pub fn client_key_path(&self) -> &Path {
+        &self.client_files.key
+    }
+
+    /// A scratch directory that lives as long as the cluster.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for EtcdTestCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            member.kill_now();
+        }
+    }
+}

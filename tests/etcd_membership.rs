@@ -1,0 +1,314 @@
+//! The etcd engine against real etcd clusters (harness): snapshot, leadership
+//! moves, removals, unhealthy members, learners.
+
+use std::time::{Duration, Instant};
+
+use k3s_control_plane::etcd::{EtcdCluster, EtcdError, LeaderMove, Removal, Timeouts, Transport};
+use k3s_control_plane::harness::EtcdTestCluster;
+use k3s_control_plane::quorum::Blocker;
+
+fn init() {
+    k3s_control_plane::install_crypto_provider();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+async fn cluster(n: usize) -> EtcdTestCluster {
+    init();
+    EtcdTestCluster::start(n).await.expect("start etcd cluster")
+}
+
+/// Index (in the harness) of the current leader.
+async fn leader_index(c: &EtcdTestCluster, etcd: &EtcdCluster) -> usize {
+    let snap = etcd.snapshot().await.unwrap();
+    c.index_of(snap.leader.expect("a leader")).unwrap()
+}
+
+#[tokio::test]
+async fn snapshot_of_a_three_member_cluster() {
+    let c = cluster(3).await;
+    let etcd = c.connect();
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.members.len(), 3);
+    assert_ne!(snap.cluster_id, 0);
+    let leader = snap.leader.expect("leader");
+    for (i, m) in c.members().iter().enumerate() {
+        let got = snap
+            .member(m.id)
+            .unwrap_or_else(|| panic!("member {i} listed"));
+        assert_eq!(got.name, m.name);
+        assert!(got.name.starts_with(&format!("{}-", m.node_name)));
+        assert_eq!(got.client_urls, vec![m.client_url()]);
+        assert_eq!(got.peer_urls, vec![m.peer_url()]);
+        assert!(!got.learner);
+        assert!(got.is_healthy(), "{:?}", got.probe_error);
+        let status = got.status.as_ref().unwrap();
+        assert_eq!(
+            status.leader, leader,
+            "every member follows the same leader"
+        );
+        assert!(status.version.starts_with("3."));
+        assert!(got.alarms.is_empty());
+    }
+    let q = snap.assess_cluster();
+    assert_eq!(
+        (q.voters, q.healthy, q.size, q.fault_tolerance),
+        (3, 3, 2, 1)
+    );
+    let views = snap.member_views();
+    assert_eq!(views.len(), 3);
+    assert!(views.iter().all(|v| v.probe_error.is_none()));
+}
+
+#[tokio::test]
+async fn leadership_moves_to_the_chosen_member() {
+    let c = cluster(3).await;
+    let etcd = c.connect();
+    let from = leader_index(&c, &etcd).await;
+    let to = (from + 1) % 3;
+    let moved = etcd
+        .move_leader_off(c.member(from).id, Some(c.member(to).id))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&moved, LeaderMove::Moved { from: f, to: t, .. } if *f == c.member(from).name && *t == c.member(to).name),
+        "{moved:?}"
+    );
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.leader, Some(c.member(to).id));
+    // Idempotent: the old leader no longer leads, so moving off it is a no-op.
+    let again = etcd.move_leader_off(c.member(from).id, None).await.unwrap();
+    assert!(matches!(again, LeaderMove::NotLeader { .. }), "{again:?}");
+    // A learner or the target itself cannot take over.
+    let err = etcd
+        .move_leader_off(c.member(to).id, Some(c.member(to).id))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EtcdError::InvalidTransferee { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn removing_a_follower_then_again_is_idempotent() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let follower = (leader + 1) % 3;
+    let id = c.member(follower).id;
+    let outcome = etcd.safe_remove(id).await.unwrap();
+    assert!(outcome.assessment.is_safe());
+    assert_eq!(
+        outcome.leader_move, None,
+        "a follower needs no leadership move"
+    );
+    assert!(
+        matches!(outcome.removal, Removal::Removed { .. }),
+        "{outcome:?}"
+    );
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.members.len(), 2);
+    assert!(snap.member(id).is_none());
+    c.wait_exited(follower, Duration::from_secs(15))
+        .await
+        .unwrap();
+
+    // Removing it again is success, not an error, both ways.
+    let again = etcd.remove_member(id).await.unwrap();
+    assert!(matches!(again, Removal::AlreadyGone { .. }), "{again:?}");
+    let again = etcd.safe_remove(id).await.unwrap();
+    assert!(matches!(again.removal, Removal::AlreadyGone { .. }));
+}
+
+#[tokio::test]
+async fn removing_the_leader_moves_leadership_first() {
+    let c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let id = c.member(leader).id;
+    let outcome = etcd.safe_remove(id).await.unwrap();
+    assert!(
+        matches!(outcome.leader_move, Some(LeaderMove::Moved { .. })),
+        "{outcome:?}"
+    );
+    assert!(matches!(outcome.removal, Removal::Removed { .. }));
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.members.len(), 2);
+    let new_leader = snap.leader.expect("a leader remains");
+    assert_ne!(new_leader, id);
+    assert!(snap.members.iter().all(|m| m.is_healthy()));
+}
+
+#[tokio::test]
+async fn a_stopped_member_blocks_removing_a_healthy_one_but_can_itself_be_removed() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let stopped = (leader + 1) % 3;
+    let healthy = (leader + 2) % 3;
+    c.stop(stopped).await.unwrap();
+
+    let snap = etcd.snapshot().await.unwrap();
+    let down = snap.member(c.member(stopped).id).unwrap();
+    assert!(!down.is_healthy());
+    assert!(
+        down.probe_error.as_deref().unwrap().contains("unreachable"),
+        "{:?}",
+        down.probe_error
+    );
+
+    let err = etcd.safe_remove(c.member(healthy).id).await.unwrap_err();
+    let EtcdError::UnsafeRemoval { assessment } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    assert_eq!(
+        (assessment.voters, assessment.healthy, assessment.size),
+        (2, 1, 2)
+    );
+    assert!(
+        err.to_string()
+            .contains("would leave 1 of 2 voters healthy, quorum needs 2"),
+        "{err}"
+    );
+    assert_eq!(
+        etcd.snapshot().await.unwrap().members.len(),
+        3,
+        "nothing removed"
+    );
+
+    let outcome = etcd.safe_remove(c.member(stopped).id).await.unwrap();
+    assert!(
+        matches!(outcome.removal, Removal::Removed { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(etcd.snapshot().await.unwrap().members.len(), 2);
+}
+
+#[tokio::test]
+async fn a_paused_member_is_unhealthy_within_the_probe_timeout() {
+    let c = cluster(3).await;
+    // The call timeout is far longer than the probe timeout: a snapshot that
+    // finishes well under it proves the paused member was given up on after
+    // the probe timeout, not after a call timeout (or never).
+    let probe = Duration::from_secs(1);
+    let call = Duration::from_secs(30);
+    let leader = leader_index(&c, &c.connect()).await;
+    let paused = (leader + 1) % 3;
+    // The first seed is the paused member: listing must move on quickly too.
+    let mut seeds = c.endpoints();
+    seeds.rotate_left(paused);
+    let etcd = EtcdCluster::with_options(
+        &seeds,
+        c.client_tls(),
+        Transport::Direct,
+        Timeouts {
+            probe,
+            call,
+            ..Timeouts::default()
+        },
+    )
+    .unwrap();
+    c.pause(paused).unwrap();
+    let started = Instant::now();
+    let snap = etcd.snapshot().await.unwrap();
+    let took = started.elapsed();
+    c.resume(paused).unwrap();
+    let m = snap.member(c.member(paused).id).unwrap();
+    assert!(!m.is_healthy());
+    assert!(
+        m.probe_error
+            .as_deref()
+            .unwrap()
+            .contains("timed out after 1s"),
+        "{:?}",
+        m.probe_error
+    );
+    assert!(took < call / 3, "snapshot took {took:?}");
+    assert_eq!(snap.assess_cluster().healthy, 2);
+}
+
+#[tokio::test]
+async fn five_members_one_down_is_safe_two_down_is_not() {
+    let mut c = cluster(5).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let others: Vec<usize> = (0..5).filter(|i| *i != leader).collect();
+    c.kill(others[0]).unwrap();
+    let target = c.member(others[2]).id;
+
+    let snap = etcd.snapshot().await.unwrap();
+    let one_down = snap.assess_removal(target);
+    assert!(one_down.is_safe(), "{one_down}");
+    assert_eq!(
+        (one_down.voters, one_down.healthy, one_down.size),
+        (4, 3, 3)
+    );
+
+    c.kill(others[1]).unwrap();
+    let err = etcd.safe_remove(target).await.unwrap_err();
+    let EtcdError::UnsafeRemoval { assessment } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    assert_eq!(
+        (assessment.voters, assessment.healthy, assessment.size),
+        (4, 2, 3)
+    );
+    assert_eq!(assessment.unhealthy.len(), 2);
+}
+
+#[tokio::test]
+async fn a_learner_makes_removal_unsafe() {
+    init();
+    let c = EtcdTestCluster::builder()
+        .members(3)
+        .learners(1)
+        .start()
+        .await
+        .expect("start cluster with a learner");
+    let etcd = c.connect();
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.members.len(), 4);
+    let learner = snap.member(c.member(3).id).unwrap();
+    assert!(learner.learner);
+    let leader = snap.leader.unwrap();
+    let follower = snap
+        .members
+        .iter()
+        .find(|m| !m.learner && m.id != leader)
+        .unwrap();
+    let err = etcd.safe_remove(follower.id).await.unwrap_err();
+    let EtcdError::UnsafeRemoval { assessment } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    assert!(
+        assessment.blockers.iter().any(
+            |b| matches!(b, Blocker::LearnerPresent { member } if *member == c.member(3).name)
+        ),
+        "{assessment}"
+    );
+    assert!(
+        err.to_string().contains("has not been promoted yet"),
+        "{err}"
+    );
+    // The learner is never chosen to lead.
+    assert_ne!(snap.choose_transferee(leader).unwrap().id, learner.id);
+}
+
+#[tokio::test]
+async fn a_stopped_member_is_healthy_again_after_restart() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let member = (leader + 1) % 3;
+    c.stop(member).await.unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(!snap.member(c.member(member).id).unwrap().is_healthy());
+    assert_eq!(snap.assess_cluster().healthy, 2);
+
+    c.restart(member).await.unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(snap.members.iter().all(|m| m.is_healthy()), "{snap:?}");
+    assert_eq!(snap.assess_cluster().fault_tolerance, 1);
+}
