@@ -1,5 +1,5 @@
-//! `RemediationData`: the JSON kept in the `remediation-in-progress` and
-//! `remediation-for` annotations and in `status.lastRemediation`, e.g.
+//! `status.lastRemediation`: the same JSON as the `remediation-in-progress` and
+//! `remediation-for` annotations, e.g.
 //! `{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":0}`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,61 +18,32 @@ pub struct RemediationData {
     pub retry_count: i32,
 }
 
-/// An annotation value that is not RemediationData JSON.
-#[derive(Debug, thiserror::Error)]
-#[error("annotation {annotation} on {object}: not remediation data JSON ({source})")]
-pub struct RemediationDataError {
-    pub object: String,
-    pub annotation: String,
-    #[source]
-    pub source: serde_json::Error,
-}
-
 impl RemediationData {
-    /// Parse the annotation value found on `object` (`namespace/name`).
-    pub fn from_annotation(
-        object: &str,
-        annotation: &str,
-        value: &str,
-    ) -> Result<Self, RemediationDataError> {
-        serde_json::from_str(value).map_err(|source| RemediationDataError {
-            object: object.to_owned(),
-            annotation: annotation.to_owned(),
-            source,
-        })
-    }
-
-    /// The annotation value.
-    pub fn to_annotation(&self) -> String {
-        serde_json::to_string(self).expect("RemediationData always serializes")
+    /// The status form of the remediation model's record (the annotations'
+    /// JSON is parsed and written by `remediation::model::RemediationData`).
+    pub fn from_model(record: &crate::remediation::model::RemediationData) -> Self {
+        let timestamp = record
+            .timestamp
+            .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.timestamp()).ok())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        RemediationData {
+            machine: record.machine.clone(),
+            timestamp: Time(timestamp),
+            retry_count: record.retry_count.min(i32::MAX as u32) as i32,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::names::REMEDIATION_FOR_ANNOTATION;
 
     #[test]
-    fn annotation_round_trips_in_upstream_format() {
-        let text = r#"{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":0}"#;
-        let data =
-            RemediationData::from_annotation("ns/m2", REMEDIATION_FOR_ANNOTATION, text).unwrap();
-        assert_eq!(data.machine, "m1");
-        assert_eq!(data.retry_count, 0);
-        assert_eq!(data.to_annotation(), text);
-    }
-
-    #[test]
-    fn bad_annotation_names_object_and_annotation() {
-        let err = RemediationData::from_annotation(
-            "ns/m2",
-            REMEDIATION_FOR_ANNOTATION,
-            "{\"machine\":1}",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("ns/m2"), "{err}");
-        assert!(err.contains(REMEDIATION_FOR_ANNOTATION), "{err}");
+    fn status_form_serializes_like_the_annotations() {
+        let text = r#"{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":2}"#;
+        let record =
+            crate::remediation::model::RemediationData::parse(text, "ns/m2", "test").unwrap();
+        let status = RemediationData::from_model(&record);
+        assert_eq!(serde_json::to_string(&status).unwrap(), text);
     }
 }

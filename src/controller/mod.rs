@@ -2,5 +2,59 @@
 //! pipeline (observe -> validate -> decide -> act -> status), its context,
 //! metrics and probe endpoints.
 
+pub mod act;
+pub mod context;
+pub mod create;
+pub mod error;
+pub mod etcd_pool;
 pub mod http;
 pub mod metrics;
+pub mod observe;
+pub mod plan;
+pub mod reconcile;
+pub mod status;
+pub mod view;
+pub mod world;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, ResourceExt};
+
+use crate::api::{Cluster, KThreesControlPlane, Machine};
+pub use context::{Context, Settings};
+pub use error::Error;
+
+/// Run the controller until `shutdown` resolves. `ready` is called once the
+/// watches are running.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client: Client = ctx.client.clone();
+    let kcps: Api<KThreesControlPlane> = Api::all(client.clone());
+    let machines: Api<Machine> = Api::all(client.clone());
+    let clusters: Api<Cluster> = Api::all(client.clone());
+    Controller::new(kcps, watcher::Config::default())
+        .owns(machines, watcher::Config::default())
+        .watches(clusters, watcher::Config::default(), |cluster: Cluster| {
+            // A Cluster change (e.g. its control plane became initialized)
+            // reconciles the control plane it references.
+            cluster
+                .spec
+                .control_plane_ref
+                .as_ref()
+                .filter(|r| r.kind == "KThreesControlPlane")
+                .map(|r| ObjectRef::new(&r.name).within(&cluster.namespace().unwrap_or_default()))
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(%err, "controller event");
+            }
+        })
+        .await;
+}

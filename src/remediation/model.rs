@@ -11,24 +11,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::quorum::MemberView;
 
-/// On the KThreesControlPlane: the remediation started and not yet completed by
-/// the creation of a replacement Machine (JSON [`RemediationData`]).
-pub const REMEDIATION_IN_PROGRESS_ANNOTATION: &str =
-    "controlplane.cluster.x-k8s.io/remediation-in-progress";
-/// On a replacement Machine: the remediation it replaces (JSON [`RemediationData`]).
-pub const REMEDIATION_FOR_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/remediation-for";
-/// On a Machine: a user asks for this machine to be remediated first.
-pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
-/// On a Machine: a user asks for this machine to be removed first on scale-down.
-pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
-/// Prefix CAPI recognises for pre-terminate hooks.
-pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
-/// Our pre-terminate hook: CAPI keeps the Machine (and its node's kubelet) until
-/// we removed its etcd member and released this annotation.
-pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
-    "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
-/// CAPI's default for `remediationStrategy.minHealthyPeriod`.
-pub const DEFAULT_MIN_HEALTHY_PERIOD: Duration = Duration::from_secs(3600);
+// The contract's names live in one place, `api::names`; re-exported here
+// because the rules speak of them.
+pub use crate::api::kcp::DEFAULT_MIN_HEALTHY_PERIOD;
+pub use crate::api::names::{
+    DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION, PRE_TERMINATE_HOOK_PREFIX,
+    REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
+};
 
 /// A remediation as recorded in the `remediation-in-progress` / `remediation-for`
 /// annotations, e.g. `{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":0}`.

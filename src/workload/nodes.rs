@@ -30,6 +30,9 @@ pub struct ControlPlaneNode {
     pub internal_ips: Vec<IpAddr>,
     /// Every address as `(type, address)`.
     pub addresses: Vec<(String, String)>,
+    /// The Node's `Ready` condition (`None`: not reported); k3s runs the API
+    /// server, controller manager and scheduler in the same process as kubelet.
+    pub ready: Option<bool>,
 }
 
 /// How the management cluster reaches an etcd member. One seam, so a later
@@ -97,6 +100,12 @@ impl ControlPlaneNode {
                 .is_some_and(|v| v == "true"),
             internal_ips,
             addresses,
+            ready: node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| c.status == "True"),
         })
     }
 

@@ -1,0 +1,259 @@
+//! Act: carry out the ONE action the plan chose. Each step is idempotent and
+//! leaves a trace in the world (an annotation, a deletion, a membership change)
+//! that the next observation reads, so a restart between any two steps resumes
+//! without repeating or skipping one.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+use crate::api::names::{PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION};
+use crate::api::{KThreesControlPlane, Machine};
+use crate::etcd::EtcdCluster;
+use crate::remediation::steps::{Removal, Step, hook_value};
+
+use super::context::Context;
+use super::create::create_machine;
+use super::error::{Error, Result};
+use super::plan::{Action, Plan};
+use super::world::World;
+
+/// What acting did, for status and events.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The replacement (or scale-up) Machine created, if any.
+    pub created: Option<String>,
+    /// `status.lastRemediation` to record, if a replacement was created.
+    pub last_remediation: Option<crate::api::RemediationData>,
+}
+
+/// Carry out `plan.action`. `etcd` is the workload cluster's etcd, when managed.
+pub async fn act(
+    ctx: &Context,
+    world: &World,
+    plan: &Plan,
+    etcd: Option<Arc<EtcdCluster>>,
+) -> Result<Outcome> {
+    let kcp = &world.kcp;
+    let namespace = kcp.namespace().unwrap_or_default();
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut outcome = Outcome::default();
+    let (removal, step) = match &plan.action {
+        Action::Idle | Action::Wait => return Ok(outcome),
+        Action::CreateMachine => {
+            let name = create_machine(ctx, world, None).await?;
+            publish(
+                ctx,
+                kcp,
+                EventType::Normal,
+                "MachineCreated",
+                &format!("created Machine {name}: {}", plan.message),
+            )
+            .await;
+            outcome.created = Some(name);
+            return Ok(outcome);
+        }
+        Action::Step { removal, step } => (removal, step),
+    };
+    let step_name = step.name().to_string();
+    let act_err = |source| Error::Act {
+        step: step_name.clone(),
+        source,
+    };
+    match step {
+        Step::RecordRemediation { value } => {
+            let patch = json!({"metadata": {"annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()}}});
+            kcps.patch(
+                &kcp.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(act_err)?;
+        }
+        Step::AddHook { machine, member } => {
+            let patch = json!({"metadata": {"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(*member)}}});
+            machines
+                .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(act_err)?;
+        }
+        Step::MoveLeadership { from, to } => {
+            let etcd = require_etcd(&etcd, &step_name)?;
+            let started = Instant::now();
+            let moved = etcd
+                .move_leader_off(*from, Some(*to))
+                .await
+                .map_err(|source| Error::Etcd {
+                    step: step_name.clone(),
+                    source,
+                })?;
+            ctx.metrics.etcd_operation("move_leader", started.elapsed());
+            info!(?moved, "etcd leadership moved");
+        }
+        Step::DeleteMachine { machine } => {
+            let uid = world.machine(machine).and_then(|m| m.uid());
+            let params = DeleteParams {
+                preconditions: uid.map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match machines.delete(machine, &params).await {
+                Ok(_) => {}
+                // Already gone: the step's effect is there.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(act_err(e)),
+            }
+        }
+        Step::RemoveMember {
+            member, assessment, ..
+        } => {
+            let etcd = require_etcd(&etcd, &step_name)?;
+            let started = Instant::now();
+            let removed = etcd
+                .remove_member(*member)
+                .await
+                .map_err(|source| Error::Etcd {
+                    step: step_name.clone(),
+                    source,
+                })?;
+            ctx.metrics
+                .etcd_operation("remove_member", started.elapsed());
+            info!(?removed, %assessment, "etcd member removed");
+        }
+        Step::ReleaseHook { machine } => {
+            let patch = json!({"metadata": {"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null}}});
+            match machines
+                .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(act_err(e)),
+            }
+        }
+        Step::CreateReplacement { remediation_for } => {
+            let name = create_machine(ctx, world, Some(remediation_for)).await?;
+            outcome.created = Some(name);
+            outcome.last_remediation =
+                Some(crate::api::RemediationData::from_model(remediation_for));
+        }
+        Step::ClearRemediationInProgress => {
+            let patch =
+                json!({"metadata": {"annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: null}}});
+            kcps.patch(
+                &kcp.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(act_err)?;
+        }
+        Step::Wait { .. } | Step::Done => return Ok(outcome),
+    }
+    let note = describe(removal, step, plan, outcome.created.as_deref());
+    publish(ctx, kcp, EventType::Normal, event_reason(step), &note).await;
+    ctx.metrics.remediation(match step {
+        Step::RecordRemediation { .. } => "started",
+        Step::CreateReplacement { .. } => "completed",
+        _ => "step",
+    });
+    info!(step = %step_name, machine = %removal.machine, "{note}");
+    Ok(outcome)
+}
+
+fn require_etcd(etcd: &Option<Arc<EtcdCluster>>, step: &str) -> Result<Arc<EtcdCluster>> {
+    etcd.clone().ok_or_else(|| Error::Precondition {
+        step: step.to_string(),
+        reason: "etcd is not reachable through the <cluster>-etcd Secret".into(),
+    })
+}
+
+fn event_reason(step: &Step) -> &'static str {
+    match step {
+        Step::RecordRemediation { .. } => "RemediationStarted",
+        Step::AddHook { .. } => "PreTerminateHookAdded",
+        Step::MoveLeadership { .. } => "EtcdLeadershipMoved",
+        Step::DeleteMachine { .. } => "MachineDeleting",
+        Step::RemoveMember { .. } => "EtcdMemberRemoved",
+        Step::ReleaseHook { .. } => "PreTerminateHookReleased",
+        Step::CreateReplacement { .. } => "ReplacementCreated",
+        Step::ClearRemediationInProgress => "RemediationCompleted",
+        Step::Wait { .. } => "Waiting",
+        Step::Done => "Done",
+    }
+}
+
+fn describe(removal: &Removal, step: &Step, plan: &Plan, created: Option<&str>) -> String {
+    let member_name = |id: u64| {
+        plan.view
+            .membership()
+            .and_then(|m| m.member(id))
+            .map(|m| m.label())
+            .unwrap_or_else(|| format!("{id:016x}"))
+    };
+    match step {
+        Step::MoveLeadership { from, to } => format!(
+            "moved etcd leadership from {} to {} (removing {})",
+            member_name(*from),
+            member_name(*to),
+            removal.machine
+        ),
+        Step::RemoveMember {
+            member, assessment, ..
+        } => {
+            format!(
+                "removed etcd member {} of {}: {assessment}",
+                member_name(*member),
+                removal.machine
+            )
+        }
+        Step::CreateReplacement { remediation_for } => format!(
+            "created Machine {} to replace {} (retry {})",
+            created.unwrap_or("?"),
+            remediation_for.machine,
+            remediation_for.retry_count
+        ),
+        _ => format!("{}: {step} ({})", removal.machine, plan.rule),
+    }
+}
+
+/// Publish an Event on the KThreesControlPlane; a failure to publish is logged,
+/// never fatal (events are best effort in Kubernetes too).
+pub async fn publish(
+    ctx: &Context,
+    kcp: &KThreesControlPlane,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(truncate(note, 1000)),
+        action: reason.to_string(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &kcp.object_ref(&())).await {
+        tracing::warn!(%err, reason, "could not publish event");
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

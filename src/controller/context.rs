@@ -1,0 +1,91 @@
+//! What every reconcile shares: clients, caches, metrics, the event recorder,
+//! and per-object error backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+
+use super::etcd_pool::EtcdPool;
+use super::metrics::Metrics;
+use crate::workload::WorkloadCache;
+
+/// Tunables; the defaults suit production, tests shorten them.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Requeue while a step waits on the world (drain, hooks, quorum).
+    pub wait_requeue: Duration,
+    /// Requeue of a steady control plane, to refresh etcd health.
+    pub idle_requeue: Duration,
+    /// First and largest delay after a failed reconcile.
+    pub error_backoff_min: Duration,
+    pub error_backoff_max: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            wait_requeue: Duration::from_secs(10),
+            idle_requeue: Duration::from_secs(60),
+            error_backoff_min: Duration::from_secs(1),
+            error_backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+pub struct Context {
+    /// The management cluster.
+    pub client: Client,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub workloads: WorkloadCache,
+    pub etcd: EtcdPool,
+    pub settings: Settings,
+    /// Consecutive failures per object (namespace/name); reset on success.
+    failures: Mutex<HashMap<String, usize>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Metrics, etcd: EtcdPool, settings: Settings) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: "k3s-control-plane".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            workloads: WorkloadCache::default(),
+            client,
+            metrics,
+            etcd,
+            settings,
+            failures: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The delay before retrying `object` after one more failure: exponential
+    /// with jitter, per object, so one broken control plane does not slow others.
+    pub fn next_error_backoff(&self, object: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let count = failures.entry(object.to_string()).or_insert(0);
+        *count += 1;
+        ExponentialBuilder::default()
+            .with_min_delay(self.settings.error_backoff_min)
+            .with_max_delay(self.settings.error_backoff_max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(*count - 1)
+            .unwrap_or(self.settings.error_backoff_max)
+    }
+
+    /// A successful reconcile resets `object`'s backoff.
+    pub fn reset_error_backoff(&self, object: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(object);
+    }
+}

@@ -1,0 +1,260 @@
+//! Creating a control-plane Machine (scale-up or a remediation's replacement),
+//! as CAPI's KubeadmControlPlane does: the infrastructure object cloned from
+//! `machineTemplate.infrastructureRef`, a `KThreesConfig` from
+//! `kthreesConfigSpec`, then the `Machine` that references both, with the CAPI
+//! labels, the owner reference, version, failure domain and `remediation-for`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::machine::{Bootstrap, MachineSpec};
+use crate::api::names::{
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, REMEDIATION_FOR_ANNOTATION,
+};
+use crate::api::refs::ContractVersionedObjectReference;
+use crate::api::{KThreesConfig, Machine};
+use crate::remediation::model::RemediationData;
+
+use super::context::Context;
+use super::error::{Error, Result};
+use super::world::World;
+
+const STEP: &str = "create-machine";
+
+/// Labels every control-plane Machine (and its objects) carries.
+pub fn control_plane_labels(cluster: &str, kcp: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
+        (CONTROL_PLANE_LABEL.to_string(), String::new()),
+        (CONTROL_PLANE_NAME_LABEL.to_string(), kcp.to_string()),
+    ])
+}
+
+/// A fresh Machine name `<kcp>-<5 chars>`; unique enough, and a collision is an
+/// AlreadyExists error that the next reconcile retries with another name.
+pub fn machine_name(kcp: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (std::process::id() as u64).rotate_left(32);
+    let suffix: String = (0..5)
+        .map(|_| {
+            // xorshift: spreads the clock's low bits over the suffix.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ALPHABET[(seed % ALPHABET.len() as u64) as usize] as char
+        })
+        .collect();
+    format!("{kcp}-{suffix}")
+}
+
+/// The failure domain with the fewest live machines (ties: first by name), or
+/// none when the Cluster offers none.
+pub fn pick_failure_domain(world: &World) -> Option<String> {
+    let domains = world.cluster.as_ref()?.control_plane_failure_domains();
+    domains
+        .iter()
+        .min_by_key(|fd| {
+            let count = world
+                .machines
+                .iter()
+                .filter(|m| !m.is_deleting() && m.spec.failure_domain.as_deref() == Some(**fd))
+                .count();
+            (count, fd.to_string())
+        })
+        .map(|fd| fd.to_string())
+}
+
+fn precondition(reason: impl Into<String>) -> Error {
+    Error::Precondition {
+        step: STEP.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Creates the infrastructure clone, the KThreesConfig and the Machine; returns
+/// the Machine's name. On a failure after the first object, what was created
+/// is deleted again so nothing is left behind.
+pub async fn create_machine(
+    ctx: &Context,
+    world: &World,
+    remediation_for: Option<&RemediationData>,
+) -> Result<String> {
+    let kcp = &world.kcp;
+    let namespace = kcp.namespace().unwrap_or_default();
+    let kcp_name = kcp.name_any();
+    let cluster = world
+        .cluster_name
+        .clone()
+        .ok_or_else(|| precondition("the control plane has no Cluster"))?;
+    let owner = kcp
+        .controller_owner_ref(&())
+        .ok_or_else(|| precondition("the KThreesControlPlane has no uid yet"))?;
+    let name = machine_name(&kcp_name);
+    let labels = control_plane_labels(&cluster, &kcp_name);
+
+    let infra_ref = kcp
+        .spec
+        .machine_template
+        .infrastructure_ref
+        .as_ref()
+        .ok_or_else(|| precondition(format!("KThreesControlPlane {namespace}/{kcp_name}: spec.machineTemplate.infrastructureRef is required")))?;
+    let api_version = infra_ref.api_version.clone().unwrap_or_default();
+    let template_kind = infra_ref.kind.clone().unwrap_or_default();
+    let (group, version) = api_version
+        .split_once('/')
+        .unwrap_or(("", api_version.as_str()));
+    let template_api =
+        ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &template_kind));
+    let template_ns = infra_ref
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.clone());
+    let templates: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &template_ns, &template_api);
+    let template_name = infra_ref.name.clone().unwrap_or_default();
+    let template = templates
+        .get(&template_name)
+        .await
+        .map_err(|source| Error::Act {
+            step: format!(
+                "{STEP}: read infrastructure template {template_kind} {template_ns}/{template_name}"
+            ),
+            source,
+        })?;
+    let infra_kind = template_kind
+        .strip_suffix("Template")
+        .ok_or_else(|| {
+            precondition(format!(
+                "infrastructureRef kind {template_kind} does not end in Template"
+            ))
+        })?
+        .to_string();
+    let infra_api = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &infra_kind));
+    let infra: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &namespace, &infra_api);
+    let mut infra_labels = labels.clone();
+    if let Some(extra) = template
+        .data
+        .pointer("/spec/template/metadata/labels")
+        .and_then(|v| v.as_object())
+    {
+        for (k, v) in extra {
+            if let Some(v) = v.as_str() {
+                infra_labels.insert(k.clone(), v.to_string());
+            }
+        }
+    }
+    let mut infra_obj = DynamicObject::new(&name, &infra_api).within(&namespace);
+    infra_obj.metadata.labels = Some(infra_labels);
+    infra_obj.metadata.annotations = Some(BTreeMap::from([
+        (
+            "cluster.x-k8s.io/cloned-from-name".to_string(),
+            template_name.clone(),
+        ),
+        (
+            "cluster.x-k8s.io/cloned-from-groupkind".to_string(),
+            format!("{template_kind}.{group}"),
+        ),
+    ]));
+    infra_obj.metadata.owner_references = Some(vec![OwnerReference {
+        controller: None,
+        block_owner_deletion: None,
+        ..owner.clone()
+    }]);
+    infra_obj.data = json!({"spec": template.data.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({}))});
+    infra
+        .create(&PostParams::default(), &infra_obj)
+        .await
+        .map_err(|source| Error::Act {
+            step: format!("{STEP}: create {infra_kind} {namespace}/{name}"),
+            source,
+        })?;
+
+    let configs: Api<KThreesConfig> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut config = KThreesConfig::new(&name, kcp.spec.kthrees_config_spec.clone());
+    config.metadata = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(namespace.clone()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    };
+    if let Err(source) = configs.create(&PostParams::default(), &config).await {
+        let _ = infra.delete(&name, &Default::default()).await;
+        return Err(Error::Act {
+            step: format!("{STEP}: create KThreesConfig {namespace}/{name}"),
+            source,
+        });
+    }
+
+    let mut annotations = kcp.spec.machine_template.metadata.annotations.clone();
+    if let Some(rf) = remediation_for {
+        annotations.insert(REMEDIATION_FOR_ANNOTATION.to_string(), rf.to_annotation());
+    }
+    let mut machine_labels = kcp.spec.machine_template.metadata.labels.clone();
+    machine_labels.extend(labels.clone());
+    let machine = Machine {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            labels: Some(machine_labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: MachineSpec {
+            cluster_name: cluster,
+            bootstrap: Bootstrap {
+                config_ref: Some(ContractVersionedObjectReference {
+                    api_group: KThreesConfig::group(&()).to_string(),
+                    kind: KThreesConfig::kind(&()).to_string(),
+                    name: name.clone(),
+                }),
+                ..Bootstrap::default()
+            },
+            infrastructure_ref: ContractVersionedObjectReference {
+                api_group: group.to_string(),
+                kind: infra_kind,
+                name: name.clone(),
+            },
+            version: Some(kcp.spec.version.clone()),
+            failure_domain: pick_failure_domain(world),
+            ..MachineSpec::default()
+        },
+        status: None,
+    };
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Err(source) = machines.create(&PostParams::default(), &machine).await {
+        let _ = configs.delete(&name, &Default::default()).await;
+        let _ = infra.delete(&name, &Default::default()).await;
+        return Err(Error::Act {
+            step: format!("{STEP}: create Machine {namespace}/{name}"),
+            source,
+        });
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_names_are_prefixed_and_short() {
+        let a = machine_name("kcp");
+        assert!(a.starts_with("kcp-") && a.len() == "kcp-".len() + 5, "{a}");
+        assert!(
+            a["kcp-".len()..]
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+    }
+}

@@ -1,0 +1,237 @@
+//! Decide: from the observed [`World`] to the ONE next action, and the rule that
+//! chose it. Pure; shared by the controller and `inspect`.
+//!
+//! Order, as CAPI's KubeadmControlPlane: validate; finish the removal in flight
+//! (a Machine carrying our pre-terminate hook, or a recorded remediation);
+//! MHC remediation; then scale-down or scale-up towards `spec.replicas`.
+
+use serde::Serialize;
+
+use crate::api::ValidationErrors;
+use crate::api::validate_kcp;
+use crate::membership::MembershipMap;
+use crate::remediation::decide::{Decision, Outcome, decide};
+use crate::remediation::model::ControlPlaneView;
+use crate::remediation::scale_down::{ScaleDownDecision, decide_scale_down};
+use crate::remediation::steps::{Removal, RemovalKind, Step, next_step, resume};
+
+use super::view::{ViewError, control_plane_view, mapping};
+use super::world::World;
+
+/// The one thing this reconcile does.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// One step of a removal (remediation or scale-down).
+    Step { removal: Removal, step: Step },
+    /// Scale up by one Machine.
+    CreateMachine,
+    /// Nothing can be done now; the rule and message say why.
+    Wait,
+    /// Nothing to do.
+    Idle,
+}
+
+/// Why the reconcile cannot even decide.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    Invalid(ValidationErrors),
+    #[error("{0}")]
+    View(ViewError),
+    #[error("etcd membership is ambiguous: {0}")]
+    AmbiguousMembership(String),
+    #[error(
+        "waiting for the Cluster controller to set the owner reference (or label cluster.x-k8s.io/cluster-name)"
+    )]
+    NoCluster,
+}
+
+/// The decision of one reconcile, explainable: `rule` names what fired and
+/// `message` carries the numbers.
+#[derive(Debug)]
+pub struct Plan {
+    pub view: ControlPlaneView,
+    pub mapping: Option<MembershipMap>,
+    /// The MHC remediation decision (its conditions are written even when
+    /// another action runs).
+    pub remediation: Decision,
+    pub action: Action,
+    pub rule: String,
+    pub message: String,
+}
+
+/// A small summary of the plan for `inspect --output json` and logs.
+#[derive(Debug, Serialize)]
+pub struct PlanSummary {
+    pub action: String,
+    pub rule: String,
+    pub message: String,
+}
+
+impl Plan {
+    pub fn summary(&self) -> PlanSummary {
+        let action = match &self.action {
+            Action::Step { step, .. } => step.name().to_string(),
+            Action::CreateMachine => "create-machine".to_string(),
+            Action::Wait => "wait".to_string(),
+            Action::Idle => "idle".to_string(),
+        };
+        PlanSummary {
+            action,
+            rule: self.rule.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// Decide the next action for `world`.
+pub fn plan(world: &World) -> Result<Plan, Refusal> {
+    validate_kcp(&world.kcp).map_err(Refusal::Invalid)?;
+    if world.cluster_name.is_none() {
+        return Err(Refusal::NoCluster);
+    }
+    let mapping = mapping(world);
+    if let Some(m) = &mapping
+        && !m.ambiguities.is_empty()
+    {
+        let list: Vec<String> = m.ambiguities.iter().map(ToString::to_string).collect();
+        return Err(Refusal::AmbiguousMembership(list.join("; ")));
+    }
+    let view = control_plane_view(world, mapping.as_ref()).map_err(Refusal::View)?;
+    let remediation = decide(&view, world.now);
+    let (action, rule, message) = choose(&view, &remediation);
+    Ok(Plan {
+        view,
+        mapping,
+        remediation,
+        action,
+        rule,
+        message,
+    })
+}
+
+fn step_action(removal: Removal, step: Step) -> (Action, String, String) {
+    let rule = format!("removal.{}", step.name());
+    let message = format!("{}: {step}", removal.machine);
+    match step {
+        Step::Wait { .. } => (Action::Wait, rule, message),
+        _ => (Action::Step { removal, step }, rule, message),
+    }
+}
+
+fn choose(view: &ControlPlaneView, remediation: &Decision) -> (Action, String, String) {
+    // 1. A removal in flight goes first, to its end.
+    if let Some(removal) = resume(view) {
+        let step = next_step(view, &removal);
+        if step != Step::Done {
+            return step_action(removal, step);
+        }
+    }
+    if remediation.clear_stale_in_progress {
+        let removal = Removal {
+            machine: view
+                .remediation_in_progress
+                .as_ref()
+                .map(|r| r.machine.clone())
+                .unwrap_or_default(),
+            kind: RemovalKind::ScaleDown,
+        };
+        return (
+            Action::Step {
+                removal,
+                step: Step::ClearRemediationInProgress,
+            },
+            "remediation.stale-in-progress".into(),
+            "a Machine was created after the recorded remediation: the record is stale".into(),
+        );
+    }
+    // 2. MHC remediation.
+    let rule = format!("remediation.{}", remediation.rule.as_str());
+    match &remediation.outcome {
+        Outcome::Remediate(go) => {
+            let removal = Removal {
+                machine: go.machine.clone(),
+                kind: RemovalKind::Remediation {
+                    record: go.retry.clone(),
+                },
+            };
+            let step = next_step(view, &removal);
+            let (action, _, message) = step_action(removal, step);
+            return (action, rule, format!("{}; {message}", remediation.message));
+        }
+        Outcome::Wait { .. } | Outcome::Skip { .. } => {
+            // Like upstream, a refused remediation does not block scaling; but
+            // an unhealthy machine fails scale-down's preflight anyway.
+            let (action, scale_rule, scale_message) = scale(view);
+            if matches!(action, Action::Idle | Action::Wait) {
+                return (Action::Wait, rule, remediation.message.clone());
+            }
+            return (action, scale_rule, scale_message);
+        }
+        Outcome::Idle => {}
+    }
+    // 3. Scale towards spec.replicas.
+    scale(view)
+}
+
+fn scale(view: &ControlPlaneView) -> (Action, String, String) {
+    let live = view.machines.iter().filter(|m| !m.is_deleting()).count() as u32;
+    let desired = view.desired_replicas;
+    if live > desired {
+        return match decide_scale_down(view) {
+            ScaleDownDecision::Go {
+                scale_down,
+                message,
+            } => {
+                let removal = Removal {
+                    machine: scale_down.machine.clone(),
+                    kind: RemovalKind::ScaleDown,
+                };
+                let step = next_step(view, &removal);
+                let (action, _, step_message) = step_action(removal, step);
+                (
+                    action,
+                    "scale-down".into(),
+                    format!("{message}; {step_message}"),
+                )
+            }
+            ScaleDownDecision::Wait { rule, message } => (
+                Action::Wait,
+                format!("scale-down.{}", rule.as_str()),
+                message,
+            ),
+        };
+    }
+    if live < desired {
+        if let Some(m) = view.machines.iter().find(|m| m.is_deleting()) {
+            return (
+                Action::Wait,
+                "scale-up.machine-deleting".into(),
+                format!(
+                    "{live} of {desired} machines; waiting for {} to finish deleting",
+                    m.name
+                ),
+            );
+        }
+        if let Some(m) = view.machines.iter().find(|m| m.node_ref.is_none()) {
+            return (
+                Action::Wait,
+                "scale-up.machine-provisioning".into(),
+                format!(
+                    "{live} of {desired} machines; waiting for {} to get a node",
+                    m.name
+                ),
+            );
+        }
+        return (
+            Action::CreateMachine,
+            "scale-up".into(),
+            format!("{live} of {desired} machines: creating one"),
+        );
+    }
+    (
+        Action::Idle,
+        "steady".into(),
+        format!("{live} of {desired} machines, nothing to remediate"),
+    )
+}

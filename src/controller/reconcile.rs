@@ -1,0 +1,135 @@
+//! One reconcile of a KThreesControlPlane, as a named pipeline:
+//! observe -> validate + decide (pure, [`plan`]) -> act (one step) -> status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use tracing::{info, instrument, warn};
+
+use crate::api::{KThreesControlPlane, Machine};
+
+use super::act::{act, publish};
+use super::context::Context;
+use super::error::{Error, Result};
+use super::observe::observe;
+use super::plan::{Action, Refusal, plan};
+use super::status::{kcp_status, machine_conditions, write_kcp_status, write_machine_conditions};
+
+#[instrument(skip_all, fields(kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()), cluster, rule))]
+pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Result<Requeue> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let key = format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any());
+    let result = reconcile_inner(&kcp, &ctx).await;
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.reset_error_backoff(&key);
+    }
+    result
+}
+
+async fn reconcile_inner(kcp: &KThreesControlPlane, ctx: &Context) -> Result<Requeue> {
+    if kcp.metadata.deletion_timestamp.is_some() {
+        // Deleting a control plane is CAPI's Cluster deletion; nothing of ours to guard.
+        return Ok(Requeue::await_change());
+    }
+    let namespace = kcp.namespace().unwrap_or_default();
+    let (world, etcd) = observe(ctx, kcp.clone()).await?;
+    if let Some(cluster) = &world.cluster_name {
+        tracing::Span::current().record("cluster", cluster.as_str());
+    }
+    let planned = plan(&world);
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    let plan = match planned {
+        Err(refusal) => {
+            // Refuse, say why on the object, and act on nothing.
+            let status = kcp_status(&world, Err(&refusal), None);
+            let changed = kcp.status.as_ref() != Some(&status);
+            write_kcp_status(&kcps, kcp, &status).await?;
+            if changed {
+                let reason = match refusal {
+                    Refusal::Invalid(_) => "InvalidSpec",
+                    _ => "CannotDecide",
+                };
+                publish(ctx, kcp, EventType::Warning, reason, &refusal.to_string()).await;
+                warn!(%refusal, "refusing to act");
+            }
+            return Ok(match refusal {
+                Refusal::Invalid(_) => Requeue::await_change(),
+                _ => Requeue::requeue(ctx.settings.wait_requeue),
+            });
+        }
+        Ok(plan) => plan,
+    };
+    tracing::Span::current().record("rule", plan.rule.as_str());
+
+    // Conditions first: they must say why, also when acting fails.
+    for machine in &world.machines {
+        let changes = machine_conditions(&world, &plan, machine);
+        write_machine_conditions(&machines, machine, changes).await?;
+    }
+    let outcome = match act(ctx, &world, &plan, etcd).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            ctx.metrics.remediation("failed");
+            publish(
+                ctx,
+                kcp,
+                EventType::Warning,
+                "StepFailed",
+                &format!("{} ({})", err, plan.rule),
+            )
+            .await;
+            return Err(err);
+        }
+    };
+    let status = kcp_status(&world, Ok(&plan), outcome.last_remediation);
+    let status_changed = kcp.status.as_ref() != Some(&status);
+    // The KCP may have changed under us (an annotation step): re-read its version.
+    let fresh = kcps
+        .get_status(&kcp.name_any())
+        .await
+        .map_err(|source| Error::Status {
+            context: format!("KThreesControlPlane {}", kcp.name_any()),
+            source,
+        })?;
+    write_kcp_status(&kcps, &fresh, &status).await?;
+
+    match &plan.action {
+        Action::Wait => {
+            if status_changed {
+                publish(
+                    ctx,
+                    kcp,
+                    EventType::Warning,
+                    "RemediationBlocked",
+                    &format!("{} ({})", plan.message, plan.rule),
+                )
+                .await;
+                ctx.metrics.remediation("deferred");
+            }
+            info!(rule = %plan.rule, "{}", plan.message);
+            Ok(Requeue::requeue(ctx.settings.wait_requeue))
+        }
+        Action::Idle => Ok(Requeue::requeue(ctx.settings.idle_requeue)),
+        Action::Step { .. } | Action::CreateMachine => {
+            Ok(Requeue::requeue(Duration::from_millis(200)))
+        }
+    }
+}
+
+/// On error: log, count by stage, and retry with this object's own backoff.
+pub fn error_policy(kcp: Arc<KThreesControlPlane>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    let key = format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any());
+    ctx.metrics.error(error.stage());
+    let delay = ctx.next_error_backoff(&key);
+    warn!(kcp = %key, stage = error.stage(), %error, retry_in = ?delay, "reconcile failed");
+    Requeue::requeue(delay)
+}

@@ -1,0 +1,390 @@
+//! Status: what the KThreesControlPlane and its Machines report after a
+//! reconcile. Computing is pure ([`kcp_status`], [`machine_conditions`]);
+//! writing is a status-subresource patch guarded by resourceVersion.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::api::conditions::{self, V1Beta1Condition};
+use crate::api::kcp::{ControlPlaneInitializationStatus, KThreesControlPlaneStatus};
+use crate::api::names::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, OWNER_REMEDIATED_CONDITION};
+use crate::api::{KThreesControlPlane, Machine};
+use crate::remediation::decide::{ConditionValue, Outcome};
+use crate::remediation::steps::Step;
+
+use super::error::{Error, Result};
+use super::plan::{Action, Plan, Refusal};
+use super::view::is_initialized;
+use super::world::{EtcdObservation, World};
+
+pub const ETCD_CLUSTER_HEALTHY: &str = "EtcdClusterHealthy";
+pub const ETCD_MEMBER_HEALTHY: &str = "EtcdMemberHealthy";
+pub const SPEC_VALID: &str = "SpecValid";
+
+fn condition(
+    type_: &str,
+    status: Option<bool>,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: match status {
+            Some(true) => "True",
+            Some(false) => "False",
+            None => "Unknown",
+        }
+        .to_string(),
+        reason: reason.to_string(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+fn from_value(value: &ConditionValue, generation: Option<i64>) -> Condition {
+    condition(
+        value.type_,
+        Some(value.status),
+        value.reason,
+        value.message.clone(),
+        generation,
+    )
+}
+
+/// The KThreesControlPlane's status after this reconcile. `plan` is `Err` when
+/// the reconcile refused to decide (then only conditions say why).
+pub fn kcp_status(
+    world: &World,
+    plan: std::result::Result<&Plan, &Refusal>,
+    last_remediation: Option<crate::api::RemediationData>,
+) -> KThreesControlPlaneStatus {
+    let kcp = &world.kcp;
+    let generation = kcp.metadata.generation;
+    let mut status = kcp.status.clone().unwrap_or_default();
+    let machines = &world.machines;
+    status.replicas = machines.len() as i32;
+    status.updated_replicas = machines
+        .iter()
+        .filter(|m| m.spec.version.as_deref() == Some(kcp.spec.version.as_str()))
+        .count() as i32;
+    status.ready_replicas = machines
+        .iter()
+        .filter(|m| {
+            !m.is_deleting()
+                && m.node_name()
+                    .and_then(|n| world.node(n))
+                    .and_then(|n| n.ready)
+                    == Some(true)
+        })
+        .count() as i32;
+    status.unavailable_replicas = (status.replicas - status.ready_replicas).max(0);
+    status.version = machines
+        .iter()
+        .filter_map(|m| m.spec.version.clone())
+        .min_by(|a, b| compare_versions(a, b));
+    if let Some(cluster) = &world.cluster_name {
+        status.selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
+    }
+    // Initialized once a first server joined and its API answered; it never goes back.
+    let initialized = is_initialized(kcp)
+        || (machines.iter().any(|m| m.node_name().is_some()) && !world.nodes().is_empty());
+    status.initialized = initialized;
+    status.initialization = Some(ControlPlaneInitializationStatus {
+        control_plane_initialized: Some(initialized),
+    });
+    status.ready = status.ready_replicas > 0;
+    status.observed_generation = generation;
+    if let Some(lr) = last_remediation {
+        status.last_remediation = Some(lr);
+    }
+
+    let conds = &mut status.conditions;
+    match plan {
+        Err(Refusal::Invalid(errors)) => {
+            conditions::set(
+                conds,
+                condition(
+                    SPEC_VALID,
+                    Some(false),
+                    "InvalidSpec",
+                    errors.to_string(),
+                    generation,
+                ),
+            );
+        }
+        _ => {
+            conditions::set(
+                conds,
+                condition(SPEC_VALID, Some(true), "Valid", "", generation),
+            );
+        }
+    }
+    conditions::set(conds, etcd_cluster_condition(world, plan.ok(), generation));
+    match plan {
+        Ok(plan) => {
+            conditions::set(conds, remediating_condition(plan, generation));
+        }
+        Err(refusal) if !matches!(refusal, Refusal::Invalid(_)) => {
+            conditions::set(
+                conds,
+                condition(
+                    "Remediating",
+                    Some(false),
+                    "CannotDecide",
+                    refusal.to_string(),
+                    generation,
+                ),
+            );
+        }
+        Err(_) => {}
+    }
+    status
+}
+
+fn remediating_condition(plan: &Plan, generation: Option<i64>) -> Condition {
+    if let Action::Step { removal, step } = &plan.action {
+        return condition(
+            "Remediating",
+            Some(true),
+            "Remediating",
+            format!("{}: {step} ({})", removal.machine, plan.rule),
+            generation,
+        );
+    }
+    if matches!(plan.action, Action::Wait) {
+        if let Some(machine) = plan.remediation.machine() {
+            return condition(
+                "Remediating",
+                Some(true),
+                "RemediationBlocked",
+                format!("Machine {machine}: {} ({})", plan.message, plan.rule),
+                generation,
+            );
+        }
+    }
+    from_value(&plan.remediation.kcp_remediating(), generation)
+}
+
+fn etcd_cluster_condition(
+    world: &World,
+    plan: Option<&Plan>,
+    generation: Option<i64>,
+) -> Condition {
+    match &world.etcd {
+        EtcdObservation::NotManaged => condition(
+            ETCD_CLUSTER_HEALTHY,
+            None,
+            "EtcdNotManaged",
+            "no <cluster>-etcd Secret: etcd is not managed by this control plane",
+            generation,
+        ),
+        EtcdObservation::Unreachable { reason } => condition(
+            ETCD_CLUSTER_HEALTHY,
+            None,
+            "EtcdUnreachable",
+            reason.clone(),
+            generation,
+        ),
+        EtcdObservation::Observed(snapshot) => {
+            let assessment = snapshot.assess_cluster();
+            let mut message = assessment.to_string();
+            if let Some(unmapped) = plan.and_then(|p| p.mapping.as_ref()).map(|m| {
+                m.members_without_machine
+                    .iter()
+                    .map(|r| r.label())
+                    .collect::<Vec<_>>()
+            }) {
+                if !unmapped.is_empty() {
+                    message.push_str(&format!(
+                        "; members without a Machine (counted): {}",
+                        unmapped.join(", ")
+                    ));
+                }
+            }
+            let healthy = assessment.unhealthy.is_empty() && assessment.is_safe();
+            let reason = if healthy { "Healthy" } else { "Unhealthy" };
+            condition(
+                ETCD_CLUSTER_HEALTHY,
+                Some(healthy),
+                reason,
+                message,
+                generation,
+            )
+        }
+    }
+}
+
+/// Compare k3s versions numerically (`v1.30.10+k3s1` > `v1.30.2+k3s2`).
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let key = |v: &str| -> Vec<u64> {
+        v.trim_start_matches('v')
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty())
+            .map(|p| p.parse().unwrap_or(0))
+            .collect()
+    };
+    key(a).cmp(&key(b))
+}
+
+/// The conditions we own on one Machine, as (to set, to remove).
+pub struct MachineConditions {
+    pub set: Vec<Condition>,
+    pub set_v1beta1: Vec<V1Beta1Condition>,
+    pub remove: Vec<&'static str>,
+}
+
+/// What this reconcile says on `machine`: `EtcdMemberHealthy` from the real
+/// membership, and `OwnerRemediated` from the decision or the removal in flight.
+pub fn machine_conditions(world: &World, plan: &Plan, machine: &Machine) -> MachineConditions {
+    let name = machine.name_any();
+    let generation = machine.metadata.generation;
+    let mut out = MachineConditions {
+        set: vec![],
+        set_v1beta1: vec![],
+        remove: vec![],
+    };
+    let view = plan.view.machine(&name);
+    if let (Some(snapshot), Some(view)) = (world.snapshot(), view) {
+        let member = view.etcd_member.and_then(|id| snapshot.member(id));
+        out.set.push(match member {
+            Some(m) => match m.unhealthy_reason() {
+                None => condition(
+                    ETCD_MEMBER_HEALTHY,
+                    Some(true),
+                    "Healthy",
+                    format!("member {} is healthy", m.label()),
+                    generation,
+                ),
+                Some(why) => condition(
+                    ETCD_MEMBER_HEALTHY,
+                    Some(false),
+                    "Unhealthy",
+                    format!("member {}: {why}", m.label()),
+                    generation,
+                ),
+            },
+            None => condition(
+                ETCD_MEMBER_HEALTHY,
+                None,
+                "NoEtcdMember",
+                "no etcd member maps to this Machine (a server without etcd, or not joined yet)",
+                generation,
+            ),
+        });
+    }
+    if plan.remediation.cleanup_owner_remediated.contains(&name) {
+        out.remove.push(OWNER_REMEDIATED_CONDITION);
+        return out;
+    }
+    let owner_remediated = match &plan.action {
+        Action::Step { removal, step }
+            if removal.machine == name && view.is_some_and(|v| v.needs_owner_remediation()) =>
+        {
+            let (reason, message) = match step {
+                Step::DeleteMachine { .. } => {
+                    ("MachineDeleting", "Machine is deleting".to_string())
+                }
+                _ if machine.is_deleting() => {
+                    ("MachineDeleting", format!("Machine is deleting: {step}"))
+                }
+                _ => ("RemediationInProgress", format!("{step} ({})", plan.rule)),
+            };
+            Some(ConditionValue {
+                type_: "OwnerRemediated",
+                status: false,
+                reason,
+                message,
+            })
+        }
+        _ => match plan.remediation.owner_remediated() {
+            Some((target, value))
+                if target == name && !matches!(plan.remediation.outcome, Outcome::Remediate(_)) =>
+            {
+                Some(value)
+            }
+            _ => None,
+        },
+    };
+    if let Some(value) = owner_remediated {
+        out.set_v1beta1.push(V1Beta1Condition {
+            type_: value.type_.to_string(),
+            status: "False".into(),
+            severity: Some("Warning".into()),
+            reason: Some(value.reason.to_string()),
+            message: Some(value.message.clone()),
+            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        });
+        out.set.push(from_value(&value, generation));
+    }
+    out
+}
+
+/// Write the KCP status; conflicts surface as errors and the reconcile retries.
+pub async fn write_kcp_status(
+    api: &Api<KThreesControlPlane>,
+    kcp: &KThreesControlPlane,
+    status: &KThreesControlPlaneStatus,
+) -> Result<()> {
+    if kcp.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let patch = json!({"status": status});
+    api.patch_status(
+        &kcp.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        context: format!("KThreesControlPlane {}", kcp.name_any()),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Apply `changes` to the Machine's conditions and write them if they changed,
+/// guarded by the Machine's resourceVersion.
+pub async fn write_machine_conditions(
+    api: &Api<Machine>,
+    machine: &Machine,
+    changes: MachineConditions,
+) -> Result<()> {
+    let mut updated = machine.clone();
+    let mut changed = false;
+    for c in changes.set {
+        changed |= conditions::set(updated.conditions_mut(), c);
+    }
+    for c in changes.set_v1beta1 {
+        changed |= conditions::set_v1beta1(updated.v1beta1_conditions_mut(), c);
+    }
+    for type_ in changes.remove {
+        changed |= conditions::remove(updated.conditions_mut(), type_);
+        changed |= conditions::remove_v1beta1(updated.v1beta1_conditions_mut(), type_);
+    }
+    if !changed {
+        return Ok(());
+    }
+    let status = updated.status.clone().unwrap_or_default();
+    let patch = json!({
+        "metadata": {"resourceVersion": machine.resource_version()},
+        "status": {
+            "conditions": status.conditions,
+            "deprecated": status.deprecated,
+        }
+    });
+    api.patch_status(
+        &machine.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        context: format!("Machine {}", machine.name_any()),
+        source,
+    })?;
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! From API objects to the remediation model: the observed [`World`] becomes a
+//! [`ControlPlaneView`] the pure rules decide on. Pure.
+
+use std::collections::BTreeMap;
+
+use crate::api::conditions::ConditionView;
+use crate::api::names::{
+    DELETE_MACHINE_ANNOTATION, EXTERNALLY_REMEDIATED_CONDITION, HEALTH_CHECK_SUCCEEDED_CONDITION,
+    K3S_ETCD_NODE_NAME_ANNOTATION, OWNER_REMEDIATED_CONDITION, PRE_TERMINATE_HOOK_ANNOTATION,
+    PRE_TERMINATE_HOOK_PREFIX, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
+    REMEDIATION_IN_PROGRESS_ANNOTATION,
+};
+use crate::api::{KThreesControlPlane, Machine};
+use crate::membership::{self, MachineRef, MemberRef, MembershipMap};
+use crate::remediation::model::{
+    ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy,
+};
+use crate::remediation::steps::parse_hook_value;
+
+use super::world::{EtcdObservation, World, to_chrono};
+
+/// Bad observed input that must stop the reconcile: named by object and field.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{object}: {field}: {reason}")]
+pub struct ViewError {
+    pub object: String,
+    pub field: String,
+    pub reason: String,
+}
+
+/// The member <-> Machine mapping for this world (empty without a snapshot).
+pub fn mapping(world: &World) -> Option<MembershipMap> {
+    let snapshot = world.snapshot()?;
+    let machines: Vec<MachineRef> = world
+        .machines
+        .iter()
+        .map(|m| machine_ref(world, m))
+        .collect();
+    let members: Vec<MemberRef> = snapshot
+        .members
+        .iter()
+        .map(|m| MemberRef {
+            id: m.id,
+            name: m.name.clone(),
+            peer_urls: m.peer_urls.clone(),
+        })
+        .collect();
+    Some(membership::map_members(&machines, &members))
+}
+
+fn machine_ref(world: &World, machine: &Machine) -> MachineRef {
+    let node = machine.node_name().and_then(|n| world.node(n));
+    let mut addresses: Vec<String> = machine
+        .addresses()
+        .iter()
+        .map(|a| a.address.clone())
+        .collect();
+    if let Some(node) = node {
+        addresses.extend(node.internal_ips.iter().map(ToString::to_string));
+    }
+    addresses.sort();
+    addresses.dedup();
+    MachineRef {
+        machine: name_of(machine),
+        node_name: machine.node_name().map(str::to_string),
+        addresses,
+        node_annotations: node
+            .and_then(|n| n.etcd_member_name.clone())
+            .map(|member| BTreeMap::from([(K3S_ETCD_NODE_NAME_ANNOTATION.to_string(), member)]))
+            .unwrap_or_default(),
+    }
+}
+
+fn name_of(machine: &Machine) -> String {
+    machine.metadata.name.clone().unwrap_or_default()
+}
+
+fn condition_status(view: Option<ConditionView<'_>>) -> Option<bool> {
+    let view = view?;
+    if view.is_true() {
+        Some(true)
+    } else if view.is_false() {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+fn remediation_data(
+    annotations: &BTreeMap<String, String>,
+    key: &'static str,
+    object: &str,
+) -> Result<Option<RemediationData>, ViewError> {
+    annotations
+        .get(key)
+        .map(|v| {
+            RemediationData::parse(v, object, key).map_err(|e| ViewError {
+                object: object.to_string(),
+                field: format!("metadata.annotations[{key}]"),
+                reason: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+/// The remediation model of `world`.
+pub fn control_plane_view(
+    world: &World,
+    mapping: Option<&MembershipMap>,
+) -> Result<ControlPlaneView, ViewError> {
+    let kcp = &world.kcp;
+    let kcp_name = format!(
+        "KThreesControlPlane {}/{}",
+        kcp.metadata.namespace.as_deref().unwrap_or_default(),
+        kcp.metadata.name.as_deref().unwrap_or_default()
+    );
+    let empty = BTreeMap::new();
+    let kcp_annotations = kcp.metadata.annotations.as_ref().unwrap_or(&empty);
+    let mut machines = Vec::with_capacity(world.machines.len());
+    for machine in &world.machines {
+        machines.push(machine_view(world, machine, mapping)?);
+    }
+    Ok(ControlPlaneView {
+        name: kcp.metadata.name.clone().unwrap_or_default(),
+        initialized: is_initialized(kcp),
+        desired_replicas: kcp.desired_replicas().max(0) as u32,
+        strategy: strategy(kcp),
+        remediation_in_progress: remediation_data(
+            kcp_annotations,
+            REMEDIATION_IN_PROGRESS_ANNOTATION,
+            &kcp_name,
+        )?,
+        etcd: match &world.etcd {
+            EtcdObservation::NotManaged => EtcdState::NotManaged,
+            EtcdObservation::Unreachable { reason } => EtcdState::Unreachable {
+                reason: reason.clone(),
+            },
+            EtcdObservation::Observed(s) => EtcdState::Observed(Membership {
+                members: s.member_views(),
+                leader: s.leader,
+            }),
+        },
+        failure_domains: world
+            .cluster
+            .as_ref()
+            .map(|c| {
+                c.control_plane_failure_domains()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        // ClusterClass topology upgrades are not read yet: nothing is pending.
+        pending_topology_version: None,
+        machines,
+    })
+}
+
+/// `status.initialized` or the v1beta2 `status.initialization.controlPlaneInitialized`.
+pub fn is_initialized(kcp: &KThreesControlPlane) -> bool {
+    kcp.status.as_ref().is_some_and(|s| {
+        s.initialized
+            || s.initialization
+                .as_ref()
+                .and_then(|i| i.control_plane_initialized)
+                .unwrap_or(false)
+    })
+}
+
+fn strategy(kcp: &KThreesControlPlane) -> RemediationStrategy {
+    // The validator has already refused invalid durations; defaults otherwise.
+    let defaults = RemediationStrategy::default();
+    RemediationStrategy {
+        max_retry: kcp.max_retry().map(|n| n.max(0) as u32),
+        retry_period: kcp.retry_period().unwrap_or(defaults.retry_period),
+        min_healthy_period: kcp
+            .min_healthy_period()
+            .unwrap_or(defaults.min_healthy_period),
+    }
+}
+
+fn machine_view(
+    world: &World,
+    machine: &Machine,
+    mapping: Option<&MembershipMap>,
+) -> Result<MachineView, ViewError> {
+    let name = name_of(machine);
+    let object = format!(
+        "Machine {}/{}",
+        machine.metadata.namespace.as_deref().unwrap_or_default(),
+        name
+    );
+    let empty = BTreeMap::new();
+    let annotations = machine.metadata.annotations.as_ref().unwrap_or(&empty);
+    let hook_member = match annotations.get(PRE_TERMINATE_HOOK_ANNOTATION) {
+        Some(value) => parse_hook_value(value).map_err(|reason| ViewError {
+            object: object.clone(),
+            field: format!("metadata.annotations[{PRE_TERMINATE_HOOK_ANNOTATION}]"),
+            reason,
+        })?,
+        None => None,
+    };
+    let waiting_v1beta2 = machine
+        .condition("Deleting")
+        .is_some_and(|c| c.is_true() && c.reason == "WaitingForPreTerminateHook");
+    let waiting_v1beta1 = crate::api::conditions::get_v1beta1(
+        machine.v1beta1_conditions(),
+        "PreTerminateDeleteHookSucceeded",
+    )
+    .is_some_and(|c| c.status == "False");
+    let node = machine.node_name().and_then(|n| world.node(n));
+    Ok(MachineView {
+        name: name.clone(),
+        created: machine
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(to_chrono)
+            .unwrap_or(world.now),
+        deleting: machine.metadata.deletion_timestamp.as_ref().map(to_chrono),
+        node_ref: machine.node_name().map(str::to_string),
+        failure_domain: machine.spec.failure_domain.clone(),
+        health_check_succeeded: condition_status(
+            machine.condition(HEALTH_CHECK_SUCCEEDED_CONDITION),
+        ),
+        owner_remediated: condition_status(machine.condition(OWNER_REMEDIATED_CONDITION)),
+        externally_remediated: machine.condition(EXTERNALLY_REMEDIATED_CONDITION).is_some(),
+        remediate_requested: annotations.contains_key(REMEDIATE_MACHINE_ANNOTATION),
+        remediation_for: remediation_data(annotations, REMEDIATION_FOR_ANNOTATION, &object)?,
+        delete_requested: annotations.contains_key(DELETE_MACHINE_ANNOTATION),
+        outdated: machine.spec.version.as_deref() != Some(world.kcp.spec.version.as_str()),
+        etcd_member: mapping
+            .and_then(|m| m.member_of(&name))
+            .map(|p| p.member.id),
+        components_healthy: node.and_then(|n| n.ready),
+        has_our_hook: annotations.contains_key(PRE_TERMINATE_HOOK_ANNOTATION),
+        hook_member,
+        other_pre_terminate_hooks: annotations
+            .keys()
+            .filter(|k| {
+                k.starts_with(PRE_TERMINATE_HOOK_PREFIX)
+                    && k.as_str() != PRE_TERMINATE_HOOK_ANNOTATION
+            })
+            .cloned()
+            .collect(),
+        waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,
+    })
+}

@@ -1,0 +1,77 @@
+//! The observed world of one KThreesControlPlane: everything a reconcile (or
+//! `inspect`) reads, gathered once, before anything is decided.
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{Cluster, KThreesControlPlane, Machine};
+use crate::etcd::MembershipSnapshot;
+use crate::workload::ControlPlaneNode;
+
+/// What could be read of the workload cluster's API.
+#[derive(Clone, Debug)]
+pub enum WorkloadState {
+    /// No kubeconfig Secret yet, or the API did not answer: why.
+    Unavailable { reason: String },
+    /// Control-plane Nodes as listed.
+    Nodes(Vec<ControlPlaneNode>),
+}
+
+/// What could be read of the workload cluster's etcd.
+#[derive(Clone, Debug)]
+pub enum EtcdObservation {
+    /// No `<cluster>-etcd` Secret: etcd is not ours to touch.
+    NotManaged,
+    /// Managed, but not read this time (not initialized yet, or unreachable).
+    Unreachable {
+        reason: String,
+    },
+    Observed(MembershipSnapshot),
+}
+
+/// One reconcile's observation.
+#[derive(Clone, Debug)]
+pub struct World {
+    pub kcp: KThreesControlPlane,
+    /// The owning Cluster's name (owner reference, else the cluster-name label).
+    pub cluster_name: Option<String>,
+    pub cluster: Option<Cluster>,
+    /// Control-plane Machines owned by this KThreesControlPlane.
+    pub machines: Vec<Machine>,
+    pub workload: WorkloadState,
+    pub etcd: EtcdObservation,
+    pub now: DateTime<Utc>,
+}
+
+impl World {
+    pub fn nodes(&self) -> &[ControlPlaneNode] {
+        match &self.workload {
+            WorkloadState::Nodes(nodes) => nodes,
+            WorkloadState::Unavailable { .. } => &[],
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&ControlPlaneNode> {
+        self.nodes().iter().find(|n| n.name == name)
+    }
+
+    pub fn snapshot(&self) -> Option<&MembershipSnapshot> {
+        match &self.etcd {
+            EtcdObservation::Observed(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn machine(&self, name: &str) -> Option<&Machine> {
+        self.machines
+            .iter()
+            .find(|m| m.metadata.name.as_deref() == Some(name))
+    }
+}
+
+/// A Kubernetes timestamp as chrono (the remediation model's clock type).
+pub fn to_chrono(time: &Time) -> DateTime<Utc> {
+    let ts = time.0;
+    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
