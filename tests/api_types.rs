@@ -5,9 +5,9 @@
 use k3s_control_plane::api::conditions::ConditionSource;
 use k3s_control_plane::api::names::*;
 use k3s_control_plane::api::{
-    Cluster, KThreesConfig, KThreesControlPlane, Machine, MachineHealthCheck, RemediationData,
-    validate_kcp,
+    Cluster, KThreesConfig, KThreesControlPlane, Machine, MachineHealthCheck, validate_kcp,
 };
+use k3s_control_plane::remediation::model::RemediationData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -65,10 +65,10 @@ fn machine_with_health_check_conditions_round_trips() {
     assert_eq!(labels[CONTROL_PLANE_LABEL], "");
     assert_eq!(labels[CONTROL_PLANE_NAME_LABEL], "prod-control-plane");
     let annotations = m.metadata.annotations.as_ref().unwrap();
-    let data = RemediationData::from_annotation(
+    let data = RemediationData::parse(
+        &annotations[REMEDIATION_FOR_ANNOTATION],
         "team-a/prod-control-plane-7xk2p",
         REMEDIATION_FOR_ANNOTATION,
-        &annotations[REMEDIATION_FOR_ANNOTATION],
     )
     .unwrap();
     assert_eq!(

@@ -6,6 +6,7 @@
 pub mod capi_sim;
 pub mod etcd;
 pub mod pki;
+pub mod sandbox;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};
 pub use pki::{CertPair, TestCa, TestPki};

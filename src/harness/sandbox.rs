@@ -1,0 +1,544 @@
+//! A whole local world for end-to-end tests and the demo: a real etcd cluster
+//! as the workload cluster's embedded etcd, a test API server as the management
+//! cluster (our CRDs, CAPI's, a Cluster, a KThreesControlPlane with its
+//! Machines, the kubeconfig and etcd CA Secrets) and one as the workload
+//! cluster (control-plane Nodes annotated as k3s does), plus the simulation of
+//! CAPI's Machine deletion.
+//!
+//! Each Machine's Node has the InternalIP of its member's own loopback address
+//! and the k3s etcd annotations, so endpoints are derived exactly as on real
+//! k3s nodes: nothing in the production path is overridden for tests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::conditions::V1Beta1Condition;
+use crate::api::machine::{
+    Bootstrap, MachineAddress, MachineNodeReference, MachineSpec, MachineStatus,
+};
+use crate::api::names::{
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
+    K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, NODE_ROLE_CONTROL_PLANE_LABEL,
+    NODE_ROLE_ETCD_LABEL,
+};
+use crate::api::refs::ContractVersionedObjectReference;
+use crate::api::{Cluster, KThreesControlPlane, Machine, crds};
+use crate::apiserver::{ResourceDef, Scope, TestApiServer};
+use crate::controller::etcd_pool::EtcdPool;
+use crate::controller::metrics::Metrics;
+use crate::controller::{self, Context, Settings};
+use crate::etcd::Timeouts;
+
+use super::capi_sim::MachineDeletionSim;
+use super::etcd::EtcdTestCluster;
+
+pub const NAMESPACE: &str = "default";
+pub const CLUSTER: &str = "demo";
+pub const KCP: &str = "demo-control-plane";
+pub const VERSION: &str = "v1.30.2+k3s2";
+
+/// Anything that went wrong building the sandbox (test support: a message).
+#[derive(Debug, thiserror::Error)]
+#[error("sandbox: {0}")]
+pub struct SandboxError(pub String);
+
+fn err(context: &str) -> impl Fn(kube::Error) -> SandboxError + '_ {
+    move |e| SandboxError(format!("{context}: {e}"))
+}
+
+/// The infrastructure kinds the sandbox's Machines reference (CAPD's names).
+pub fn docker_machine_template() -> ApiResource {
+    ApiResource {
+        group: "infrastructure.cluster.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "infrastructure.cluster.x-k8s.io/v1beta1".into(),
+        kind: "DockerMachineTemplate".into(),
+        plural: "dockermachinetemplates".into(),
+    }
+}
+
+pub fn docker_machine() -> ApiResource {
+    ApiResource {
+        group: "infrastructure.cluster.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "infrastructure.cluster.x-k8s.io/v1beta1".into(),
+        kind: "DockerMachine".into(),
+        plural: "dockermachines".into(),
+    }
+}
+
+/// A management-cluster test API server with every kind the controller uses.
+pub async fn management_server() -> Result<TestApiServer, SandboxError> {
+    let mut builder = TestApiServer::builder().with_core_resources();
+    for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
+        builder = builder.resource(ResourceDef::from_crd(crd));
+    }
+    builder
+        .resource(ResourceDef::new(
+            docker_machine_template(),
+            Scope::Namespaced,
+        ))
+        .resource(ResourceDef::new(docker_machine(), Scope::Namespaced).with_status())
+        .start()
+        .await
+        .map_err(|e| SandboxError(format!("management API server: {e}")))
+}
+
+/// The running controller, stoppable (a clean shutdown) or abortable (a crash).
+pub struct ControllerHandle {
+    pub ctx: Arc<Context>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl ControllerHandle {
+    /// Graceful shutdown; waits for the controller loop to end.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for ControllerHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Settings for tests and the demo: short requeues, the same rules.
+pub fn fast_settings() -> Settings {
+    Settings {
+        wait_requeue: Duration::from_millis(500),
+        idle_requeue: Duration::from_secs(5),
+        error_backoff_min: Duration::from_millis(200),
+        error_backoff_max: Duration::from_secs(5),
+    }
+}
+
+pub struct Sandbox {
+    pub etcd: EtcdTestCluster,
+    pub management: TestApiServer,
+    pub workload: TestApiServer,
+    _capi: MachineDeletionSim,
+    /// Machine names, in member order (machine i runs member i).
+    pub machines: Vec<String>,
+}
+
+impl Sandbox {
+    /// A world of `members` control-plane Machines, each running one member of a
+    /// real `members`-member etcd cluster; the control plane is initialized.
+    pub async fn start(members: usize) -> Result<Self, SandboxError> {
+        let etcd = EtcdTestCluster::start(members)
+            .await
+            .map_err(|e| SandboxError(format!("etcd cluster: {e}")))?;
+        let management = management_server().await?;
+        let workload = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .map_err(|e| SandboxError(format!("workload API server: {e}")))?;
+        let capi = MachineDeletionSim::start(management.client());
+        let mut sandbox = Sandbox {
+            etcd,
+            management,
+            workload,
+            _capi: capi,
+            machines: vec![],
+        };
+        sandbox.populate(members).await?;
+        Ok(sandbox)
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.management.client()
+    }
+
+    pub fn machines_api(&self) -> Api<Machine> {
+        Api::namespaced(self.client(), NAMESPACE)
+    }
+
+    pub fn kcp_api(&self) -> Api<KThreesControlPlane> {
+        Api::namespaced(self.client(), NAMESPACE)
+    }
+
+    async fn populate(&mut self, members: usize) -> Result<(), SandboxError> {
+        let client = self.client();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+        let kubeconfig = serde_yaml::to_string(&self.workload.kubeconfig())
+            .map_err(|e| SandboxError(format!("workload kubeconfig: {e}")))?;
+        let secret = |name: String, data: BTreeMap<String, String>| Secret {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some(BTreeMap::from([(
+                    CLUSTER_NAME_LABEL.to_string(),
+                    CLUSTER.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            type_: Some("cluster.x-k8s.io/secret".into()),
+            string_data: Some(data),
+            ..Secret::default()
+        };
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(
+                    format!("{CLUSTER}-kubeconfig"),
+                    BTreeMap::from([("value".into(), kubeconfig)]),
+                ),
+            )
+            .await
+            .map_err(err("create kubeconfig Secret"))?;
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(
+                    format!("{CLUSTER}-etcd"),
+                    BTreeMap::from([
+                        ("tls.crt".into(), self.etcd.ca_pem().to_string()),
+                        ("tls.key".into(), self.etcd.ca_key_pem().to_string()),
+                    ]),
+                ),
+            )
+            .await
+            .map_err(err("create etcd CA Secret"))?;
+
+        let clusters: Api<Cluster> = Api::namespaced(client.clone(), NAMESPACE);
+        let cluster: Cluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+            "spec": {
+                "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KThreesControlPlane", "name": KCP},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": CLUSTER}
+            }
+        }))
+        .map_err(|e| SandboxError(format!("Cluster object: {e}")))?;
+        let cluster = clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .map_err(err("create Cluster"))?;
+
+        let templates: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), NAMESPACE, &docker_machine_template());
+        let mut template =
+            DynamicObject::new(&format!("{KCP}-template"), &docker_machine_template())
+                .within(NAMESPACE);
+        template.data = json!({"spec": {"template": {"spec": {"extraMounts": []}}}});
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .map_err(err("create DockerMachineTemplate"))?;
+
+        let kcps = self.kcp_api();
+        let kcp: KThreesControlPlane = serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {
+                "name": KCP, "namespace": NAMESPACE,
+                "labels": {CLUSTER_NAME_LABEL: CLUSTER},
+                "ownerReferences": [{
+                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": CLUSTER,
+                    "uid": cluster.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
+                }]
+            },
+            "spec": {
+                "replicas": members, "version": VERSION,
+                "machineTemplate": {"infrastructureRef": {
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
+                    "name": format!("{KCP}-template"), "namespace": NAMESPACE
+                }},
+                "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}},
+                "remediationStrategy": {"minHealthyPeriod": "1h"}
+            }
+        }))
+        .map_err(|e| SandboxError(format!("KThreesControlPlane object: {e}")))?;
+        let kcp = kcps
+            .create(&PostParams::default(), &kcp)
+            .await
+            .map_err(err("create KThreesControlPlane"))?;
+        let status = json!({"status": {"initialized": true, "initialization": {"controlPlaneInitialized": true}}});
+        kcps.patch_status(KCP, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(err("initialize KThreesControlPlane status"))?;
+
+        for i in 0..members {
+            let member = self.etcd.member(i);
+            let (node, ip, member_name) = (
+                member.node_name.clone(),
+                member.ip.to_string(),
+                member.name.clone(),
+            );
+            self.add_node(&node, &ip, Some(&member_name)).await?;
+            let machine = node.clone();
+            self.add_machine(&kcp, &machine, Some((&node, &ip))).await?;
+            self.machines.push(machine);
+        }
+        Ok(())
+    }
+
+    /// A control-plane Node in the workload cluster, as k3s registers it.
+    /// `member`: the etcd member it runs (None: `--disable-etcd`).
+    pub async fn add_node(
+        &self,
+        name: &str,
+        ip: &str,
+        member: Option<&str>,
+    ) -> Result<(), SandboxError> {
+        let nodes: Api<Node> = Api::all(self.workload.client());
+        let mut labels = BTreeMap::from([(
+            NODE_ROLE_CONTROL_PLANE_LABEL.to_string(),
+            "true".to_string(),
+        )]);
+        let mut annotations = BTreeMap::new();
+        if let Some(member) = member {
+            labels.insert(NODE_ROLE_ETCD_LABEL.to_string(), "true".to_string());
+            annotations.insert(
+                K3S_ETCD_NODE_NAME_ANNOTATION.to_string(),
+                member.to_string(),
+            );
+            annotations.insert(K3S_ETCD_NODE_ADDRESS_ANNOTATION.to_string(), ip.to_string());
+        }
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(vec![
+                    NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: ip.to_string(),
+                    },
+                    NodeAddress {
+                        type_: "Hostname".into(),
+                        address: name.to_string(),
+                    },
+                ]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    reason: Some("KubeletReady".into()),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        };
+        let created = nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .map_err(err("create Node"))?;
+        // Status is a subresource: write it as kubelet does.
+        nodes
+            .patch_status(
+                &created.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": node.status})),
+            )
+            .await
+            .map_err(err("write Node status"))?;
+        Ok(())
+    }
+
+    /// A control-plane Machine owned by the KCP; `node`: (node name, address)
+    /// once provisioned.
+    pub async fn add_machine(
+        &self,
+        kcp: &KThreesControlPlane,
+        name: &str,
+        node: Option<(&str, &str)>,
+    ) -> Result<Machine, SandboxError> {
+        let owner: OwnerReference = kcp
+            .controller_owner_ref(&())
+            .ok_or_else(|| SandboxError("KThreesControlPlane has no uid".into()))?;
+        let machine = Machine {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(NAMESPACE.to_string()),
+                labels: Some(BTreeMap::from([
+                    (CLUSTER_NAME_LABEL.to_string(), CLUSTER.to_string()),
+                    (CONTROL_PLANE_LABEL.to_string(), String::new()),
+                    (CONTROL_PLANE_NAME_LABEL.to_string(), KCP.to_string()),
+                ])),
+                owner_references: Some(vec![owner]),
+                ..ObjectMeta::default()
+            },
+            spec: MachineSpec {
+                cluster_name: CLUSTER.to_string(),
+                bootstrap: Bootstrap {
+                    config_ref: Some(ContractVersionedObjectReference {
+                        api_group: "bootstrap.cluster.x-k8s.io".into(),
+                        kind: "KThreesConfig".into(),
+                        name: name.to_string(),
+                    }),
+                    ..Bootstrap::default()
+                },
+                infrastructure_ref: ContractVersionedObjectReference {
+                    api_group: "infrastructure.cluster.x-k8s.io".into(),
+                    kind: "DockerMachine".into(),
+                    name: name.to_string(),
+                },
+                version: Some(VERSION.to_string()),
+                ..MachineSpec::default()
+            },
+            status: None,
+        };
+        let machines = self.machines_api();
+        let created = machines
+            .create(&PostParams::default(), &machine)
+            .await
+            .map_err(err("create Machine"))?;
+        if let Some((node, ip)) = node {
+            self.provision(name, node, ip).await?;
+        }
+        Ok(created)
+    }
+
+    /// What the infrastructure and CAPI report once a Machine's node joined.
+    pub async fn provision(&self, machine: &str, node: &str, ip: &str) -> Result<(), SandboxError> {
+        let status = MachineStatus {
+            node_ref: Some(MachineNodeReference {
+                name: node.to_string(),
+            }),
+            addresses: vec![MachineAddress {
+                type_: "InternalIP".into(),
+                address: ip.to_string(),
+            }],
+            phase: Some("Running".into()),
+            ..MachineStatus::default()
+        };
+        self.machines_api()
+            .patch_status(
+                machine,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": status})),
+            )
+            .await
+            .map_err(err("provision Machine"))?;
+        Ok(())
+    }
+
+    /// Mark a Machine unhealthy exactly as a MachineHealthCheck does (owner
+    /// remediation): `HealthCheckSucceeded=False` and `OwnerRemediated=False`
+    /// (reason `WaitingForRemediation`), in the v1beta2 and v1beta1 lists.
+    pub async fn mark_unhealthy(&self, machine: &str) -> Result<(), SandboxError> {
+        let api = self.machines_api();
+        let mut current = api.get(machine).await.map_err(err("get Machine"))?;
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let v2 = |type_: &str, reason: &str, message: &str| Condition {
+            type_: type_.into(),
+            status: "False".into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: current.metadata.generation,
+            last_transition_time: now.clone(),
+        };
+        let v1 = |type_: &str, reason: &str, message: &str| V1Beta1Condition {
+            type_: type_.into(),
+            status: "False".into(),
+            severity: Some("Warning".into()),
+            last_transition_time: Some(now.clone()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+        };
+        let health = v2(
+            "HealthCheckSucceeded",
+            "UnhealthyNode",
+            "Condition Ready on Node is reporting status Unknown for more than 5m0s",
+        );
+        let owner = v2(
+            "OwnerRemediated",
+            "WaitingForRemediation",
+            "Waiting for remediation",
+        );
+        let health_v1 = v1(
+            "HealthCheckSucceeded",
+            "UnhealthyNode",
+            "Condition Ready on node is reporting status Unknown for more than 5m0s",
+        );
+        let owner_v1 = v1("OwnerRemediated", "WaitingForRemediation", "");
+        crate::api::conditions::set(current.conditions_mut(), health);
+        crate::api::conditions::set(current.conditions_mut(), owner);
+        crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), health_v1);
+        crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), owner_v1);
+        let status = current.status.clone().unwrap_or_default();
+        let patch =
+            json!({"status": {"conditions": status.conditions, "deprecated": status.deprecated}});
+        api.patch_status(machine, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(err("mark Machine unhealthy"))?;
+        Ok(())
+    }
+
+    /// A controller context on the management API server, with short requeues.
+    pub fn context(&self) -> Arc<Context> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let timeouts = Timeouts {
+            confirm: Duration::from_secs(30),
+            ..Timeouts::default()
+        };
+        Context::new(
+            self.client(),
+            metrics,
+            EtcdPool::with_timeouts(timeouts),
+            fast_settings(),
+        )
+    }
+
+    /// Start the real controller loop against this sandbox.
+    pub fn start_controller(&self) -> ControllerHandle {
+        let ctx = self.context();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run_ctx = ctx.clone();
+        let task = tokio::spawn(async move {
+            controller::run(run_ctx, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        ControllerHandle {
+            ctx,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Poll `check` until it yields a value or `limit` passes; the error says
+    /// what was awaited and the last answer.
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut check: F,
+    ) -> Result<T, SandboxError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match check().await {
+                Ok(value) => return Ok(value),
+                Err(last) if tokio::time::Instant::now() >= deadline => {
+                    return Err(SandboxError(format!(
+                        "timed out after {limit:?} waiting for {what}: {last}"
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
