@@ -33,18 +33,32 @@ pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Resu
     result
 }
 
-async fn reconcile_inner(kcp: &KThreesControlPlane, ctx: &Context) -> Result<Requeue> {
+async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<Requeue> {
+    // The watch cache may lag behind our own last writes (an annotation, the
+    // status with lastRemediation): decide on, and build status from, the
+    // current object, or a stale status would be written back.
+    let namespace = cached.namespace().unwrap_or_default();
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(current) =
+        kcps.get_opt(&cached.name_any())
+            .await
+            .map_err(|source| Error::Observe {
+                context: format!("get KThreesControlPlane {namespace}/{}", cached.name_any()),
+                source,
+            })?
+    else {
+        return Ok(Requeue::await_change());
+    };
+    let kcp = &current;
     if kcp.metadata.deletion_timestamp.is_some() {
         // Deleting a control plane is CAPI's Cluster deletion; nothing of ours to guard.
         return Ok(Requeue::await_change());
     }
-    let namespace = kcp.namespace().unwrap_or_default();
     let (world, etcd) = observe(ctx, kcp.clone()).await?;
     if let Some(cluster) = &world.cluster_name {
         tracing::Span::current().record("cluster", cluster.as_str());
     }
     let planned = plan(&world);
-    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
 
     let plan = match planned {

@@ -1,0 +1,350 @@
+//! Shared helpers of the end-to-end tests: reading the management cluster
+//! (Machines, the control plane, Events, conditions), a concurrent observer of
+//! "how many at once", and waits that use the controller's own progress.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k3s_control_plane::api::conditions::{self, V1Beta1Condition};
+use k3s_control_plane::api::{KThreesControlPlane, Machine};
+use k3s_control_plane::controller::Context;
+use k3s_control_plane::etcd::{EtcdCluster, MembershipSnapshot};
+use k3s_control_plane::harness::sandbox::{KCP, NAMESPACE, Sandbox};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// The deadline of every wait: generous for a loaded 2-core machine; a passing
+/// run takes a fraction of it.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub async fn machines(sandbox: &Sandbox) -> Vec<Machine> {
+    sandbox
+        .machines_api()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+pub async fn machine_names(sandbox: &Sandbox) -> Vec<String> {
+    let mut names: Vec<String> = machines(sandbox)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+pub async fn kcp(sandbox: &Sandbox) -> KThreesControlPlane {
+    sandbox.kcp_api().get(KCP).await.unwrap()
+}
+
+/// Merge-patch the control plane's spec.
+pub async fn patch_kcp_spec(sandbox: &Sandbox, spec: serde_json::Value) {
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Merge-patch the control plane's annotations (`null` removes one).
+pub async fn annotate_kcp(sandbox: &Sandbox, annotations: serde_json::Value) {
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": annotations}})),
+        )
+        .await
+        .unwrap();
+}
+
+pub async fn annotate_machine(sandbox: &Sandbox, machine: &str, annotations: serde_json::Value) {
+    sandbox
+        .machines_api()
+        .patch(
+            machine,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": annotations}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Every occurrence of Events with `reason` about the control plane: the
+/// recorder folds repeats into a series, so a series counts `count` times.
+pub async fn event_count(sandbox: &Sandbox, reason: &str) -> usize {
+    events(sandbox, reason)
+        .await
+        .iter()
+        .map(|e| {
+            e.series
+                .as_ref()
+                .map(|s| s.count.max(1) as usize)
+                .unwrap_or(1)
+        })
+        .sum()
+}
+
+/// events.k8s.io/v1 Events with `reason` regarding the control plane.
+pub async fn events(sandbox: &Sandbox, reason: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(sandbox.client(), NAMESPACE);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(KCP))
+        .collect()
+}
+
+/// Notes of all Events with `reason`, for assertions and failure messages.
+pub async fn event_notes(sandbox: &Sandbox, reason: &str) -> Vec<String> {
+    events(sandbox, reason)
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// The Machine's `OwnerRemediated` condition as (reason, message), if set.
+pub fn owner_remediated(machine: &Machine) -> Option<(String, String)> {
+    machine
+        .condition("OwnerRemediated")
+        .map(|c| (c.reason.to_string(), c.message.to_string()))
+}
+
+/// Wait until `machine` has `OwnerRemediated` with `reason` and a message
+/// containing every one of `needles`; returns the message.
+pub async fn wait_owner_remediated(
+    sandbox: &Sandbox,
+    machine: &str,
+    reason: &str,
+    needles: &[&str],
+) -> String {
+    sandbox
+        .wait_for(
+            &format!("{machine} OwnerRemediated={reason} saying {needles:?}"),
+            LIMIT,
+            || async {
+                let m = sandbox
+                    .machines_api()
+                    .get(machine)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match owner_remediated(&m) {
+                    Some((r, message))
+                        if r == reason && needles.iter().all(|n| message.contains(n)) =>
+                    {
+                        Ok(message)
+                    }
+                    other => Err(format!("OwnerRemediated is {other:?}")),
+                }
+            },
+        )
+        .await
+        .unwrap()
+}
+
+/// Reconciles done so far by the controller of `ctx`.
+pub fn reconciles(ctx: &Context) -> u64 {
+    ctx.metrics.reconciles.get()
+}
+
+/// Wait until the controller of `ctx` has run `more` further reconciles (it
+/// requeues on its own): proof that it looked at the world again.
+pub async fn wait_reconciles(sandbox: &Sandbox, ctx: &Arc<Context>, more: u64) {
+    let target = reconciles(ctx) + more;
+    sandbox
+        .wait_for(&format!("{more} more reconciles"), LIMIT, || async {
+            let done = reconciles(ctx);
+            if done >= target {
+                Ok(())
+            } else {
+                Err(format!("{done} of {target} reconciles"))
+            }
+        })
+        .await
+        .unwrap();
+}
+
+/// Member names of a snapshot, sorted.
+pub fn member_names(snapshot: &MembershipSnapshot) -> Vec<String> {
+    let mut names: Vec<String> = snapshot.members.iter().map(|m| m.name.clone()).collect();
+    names.sort();
+    names
+}
+
+/// A snapshot taken with retries (a member that was just removed or stopped
+/// may make one attempt fail).
+pub async fn snapshot(sandbox: &Sandbox, admin: &EtcdCluster) -> MembershipSnapshot {
+    sandbox
+        .wait_for("an etcd snapshot", LIMIT, || async {
+            admin.snapshot().await.map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap()
+}
+
+/// An address of the sandbox's loopback block that no etcd member uses
+/// (members take `.1` upwards; `k` counts down from `.9`).
+pub fn spare_ip(sandbox: &Sandbox, k: u8) -> String {
+    let [a, b, c, _] = sandbox.etcd.member(0).ip.octets();
+    Ipv4Addr::new(a, b, c, 9 - k).to_string()
+}
+
+/// Add a provisioned control-plane Machine whose node runs no etcd member
+/// (k3s `--disable-etcd`), on a spare address.
+pub async fn add_memberless_machine(sandbox: &Sandbox, name: &str, k: u8) -> Machine {
+    let ip = spare_ip(sandbox, k);
+    sandbox.add_node(name, &ip, None).await.unwrap();
+    let kcp = kcp(sandbox).await;
+    sandbox
+        .add_machine(&kcp, name, Some((name, &ip)))
+        .await
+        .unwrap()
+}
+
+/// Give a (replacement) Machine a node without an etcd member, on a spare address.
+pub async fn provision_memberless(sandbox: &Sandbox, machine: &str, k: u8) {
+    let ip = spare_ip(sandbox, k);
+    sandbox.add_node(machine, &ip, None).await.unwrap();
+    sandbox.provision(machine, machine, &ip).await.unwrap();
+}
+
+/// Mark a Machine as a MachineHealthCheck with external remediation does:
+/// `HealthCheckSucceeded=False` and `ExternallyRemediated` (no `OwnerRemediated`).
+pub async fn mark_externally_remediated(sandbox: &Sandbox, machine: &str) {
+    let api = sandbox.machines_api();
+    let mut current = api.get(machine).await.unwrap();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let generation = current.metadata.generation;
+    for (type_, reason) in [
+        ("HealthCheckSucceeded", "UnhealthyNode"),
+        ("ExternallyRemediated", "WaitingForRemediation"),
+    ] {
+        conditions::set(
+            current.conditions_mut(),
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: type_.into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: "marked by an external-remediation MachineHealthCheck".into(),
+                observed_generation: generation,
+                last_transition_time: now.clone(),
+            },
+        );
+        conditions::set_v1beta1(
+            current.v1beta1_conditions_mut(),
+            V1Beta1Condition {
+                type_: type_.into(),
+                status: "False".into(),
+                severity: Some("Warning".into()),
+                last_transition_time: Some(now.clone()),
+                reason: Some(reason.into()),
+                message: None,
+            },
+        );
+    }
+    let status = current.status.clone().unwrap_or_default();
+    let patch =
+        json!({"status": {"conditions": status.conditions, "deprecated": status.deprecated}});
+    api.patch_status(machine, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// One observation of the world by the [`Observer`].
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Machines with a deletionTimestamp.
+    pub deleting: Vec<String>,
+    /// Tracked member names missing from the membership.
+    pub missing: Vec<String>,
+    pub leader: Option<u64>,
+}
+
+/// Watches the world concurrently with the controller, as fast as it can,
+/// recording how many Machines are deleting and how many of the tracked
+/// members are gone at each moment.
+pub struct Observer {
+    stop: Arc<AtomicBool>,
+    task: Option<JoinHandle<Vec<Sample>>>,
+}
+
+impl Observer {
+    pub fn start(sandbox: &Sandbox, tracked_members: Vec<String>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let machines = sandbox.machines_api();
+        let admin = sandbox.etcd.connect();
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let Ok(list) = machines.list(&ListParams::default()).await else {
+                    continue;
+                };
+                let Ok(snap) = admin.snapshot().await else {
+                    continue;
+                };
+                samples.push(Sample {
+                    deleting: list
+                        .items
+                        .iter()
+                        .filter(|m| m.is_deleting())
+                        .map(|m| m.name_any())
+                        .collect(),
+                    missing: tracked_members
+                        .iter()
+                        .filter(|n| snap.member_by_name(n).is_none())
+                        .cloned()
+                        .collect(),
+                    leader: snap.leader,
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            samples
+        });
+        Observer {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    pub async fn finish(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.take().expect("finished once").await.unwrap()
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
