@@ -120,13 +120,9 @@ fn step_action(removal: Removal, step: Step) -> (Action, String, String) {
 }
 
 fn choose(view: &ControlPlaneView, remediation: &Decision) -> (Action, String, String) {
-    // 1. A removal in flight goes first, to its end.
-    if let Some(removal) = resume(view) {
-        let step = next_step(view, &removal);
-        if step != Step::Done {
-            return step_action(removal, step);
-        }
-    }
+    // 0. A stale record (a Machine was created after it) is cleared before
+    // anything is resumed from it: resuming would replace a machine whose
+    // replacement already exists, or that was never ours.
     if remediation.clear_stale_in_progress {
         let removal = Removal {
             machine: view
@@ -144,6 +140,13 @@ fn choose(view: &ControlPlaneView, remediation: &Decision) -> (Action, String, S
             "remediation.stale-in-progress".into(),
             "a Machine was created after the recorded remediation: the record is stale".into(),
         );
+    }
+    // 1. A removal in flight goes first, to its end.
+    if let Some(removal) = resume(view) {
+        let step = next_step(view, &removal);
+        if step != Step::Done {
+            return step_action(removal, step);
+        }
     }
     // 2. MHC remediation.
     let rule = format!("remediation.{}", remediation.rule.as_str());
