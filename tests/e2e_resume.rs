@@ -96,14 +96,30 @@ async fn controller_crashing_after_member_removal_resumes_without_repeating_a_st
         );
         let _ = reconcile(Arc::new(kcp(&sandbox).await), first.clone()).await;
         calls += 1;
-        let members = members_now(&sandbox, &admin).await;
-        if members == expected {
+        // The removal's Event is published by the very reconcile that removed
+        // the member: the exact stop point, whatever a lagging member lists.
+        if event_count(&sandbox, "EtcdMemberRemoved").await > 0 {
             break;
         }
-        assert_eq!(members, original, "only the target's member may go");
+        assert_eq!(
+            members_now(&sandbox, &admin).await,
+            original,
+            "no member may go before the removal step"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(first);
+    sandbox
+        .wait_for("the membership without the target", LIMIT, || async {
+            let members = members_now(&sandbox, &admin).await;
+            if members == expected {
+                Ok(())
+            } else {
+                Err(format!("{members:?}"))
+            }
+        })
+        .await
+        .unwrap();
 
     // Precisely between "member removed" and "hook released".
     let stopped_at = sandbox.machines_api().get(&target).await.unwrap();

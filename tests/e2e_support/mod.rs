@@ -175,21 +175,44 @@ pub fn reconciles(ctx: &Context) -> u64 {
     ctx.metrics.reconciles.get()
 }
 
-/// Wait until the controller of `ctx` has run `more` further reconciles (it
-/// requeues on its own): proof that it looked at the world again.
+/// Wait until the controller of `ctx` has started `more` further reconciles:
+/// proof that it looked at the world again (with `more >= 2`, at least one
+/// whole reconcile ran after the call: one object is never reconciled twice at
+/// once). The control plane is poked with a test annotation so that an idle
+/// controller does not make the test wait for its periodic requeue.
 pub async fn wait_reconciles(sandbox: &Sandbox, ctx: &Arc<Context>, more: u64) {
     let target = reconciles(ctx) + more;
-    sandbox
-        .wait_for(&format!("{more} more reconciles"), LIMIT, || async {
-            let done = reconciles(ctx);
-            if done >= target {
-                Ok(())
-            } else {
-                Err(format!("{done} of {target} reconciles"))
-            }
-        })
-        .await
-        .unwrap();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let mut pokes = 0u64;
+    loop {
+        let done = reconciles(ctx);
+        if done >= target {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{done} of {target} reconciles after {LIMIT:?}"
+        );
+        pokes += 1;
+        annotate_kcp(
+            sandbox,
+            json!({"e2e.k3s-control-plane.test/poke": pokes.to_string()}),
+        )
+        .await;
+        let _ = sandbox
+            .wait_for(
+                "a reconcile after a poke",
+                Duration::from_secs(1),
+                || async {
+                    if reconciles(ctx) > done {
+                        Ok(())
+                    } else {
+                        Err(String::new())
+                    }
+                },
+            )
+            .await;
+    }
 }
 
 /// Member names of a snapshot, sorted.
