@@ -92,6 +92,7 @@ async fn inspect_shows_membership_quorum_and_next_action_and_changes_nothing() {
     let out = inspect(&[&target(), "--kubeconfig", &kubeconfig]).await;
     assert!(out.status.success(), "inspect failed: {}", stderr(&out));
     let text = stdout(&out);
+    println!("{text}");
     for name in sandbox.etcd.member_names() {
         assert!(text.contains(&name), "member {name} missing:\n{text}");
     }
@@ -180,6 +181,8 @@ async fn inspect_shows_membership_quorum_and_next_action_and_changes_nothing() {
     assert_eq!(row["ownerRemediated"], false);
     let out = inspect(&[&target(), "--kubeconfig", &kubeconfig]).await;
     let text = stdout(&out);
+    println!("{text}");
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap());
     assert!(
         text.contains("next: record-remediation (rule remediation.remediate)"),
         "{text}"

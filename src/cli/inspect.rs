@@ -339,9 +339,12 @@ impl Report {
                             matched_by: pairing.map(|p| p.rule),
                         }
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             })
             .unwrap_or_default();
+        // etcd lists members by id; people look them up by name.
+        let mut members = members;
+        members.sort_by(|a, b| a.name.cmp(&b.name));
         let machines = world
             .machines
             .iter()
@@ -686,5 +689,218 @@ mod tests {
             &[vec!["xxx".into(), "y".into()], vec!["z".into(), "w".into()]],
         );
         assert_eq!(text, "A    BB\nxxx  y\nz    w\n");
+    }
+}
+
+/// The report of hand-built worlds: pure, no cluster needed.
+#[cfg(test)]
+mod report_tests {
+    use std::net::IpAddr;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+    use crate::workload::ControlPlaneNode;
+
+    fn kcp() -> KThreesControlPlane {
+        serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": {
+                "replicas": 3, "version": "v1.30.2+k3s2",
+                "machineTemplate": {"infrastructureRef": {
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                    "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"
+                }}
+            },
+            "status": {"initialized": true}
+        }))
+        .unwrap()
+    }
+
+    fn machine(name: &str, node: &str, ip: &str) -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {
+                "clusterName": "c",
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name},
+                "version": "v1.30.2+k3s2"
+            },
+            "status": {"nodeRef": {"name": node}, "addresses": [{"type": "InternalIP", "address": ip}]}
+        }))
+        .unwrap()
+    }
+
+    fn node(name: &str, ip: &str, member: Option<&str>) -> ControlPlaneNode {
+        ControlPlaneNode {
+            name: name.into(),
+            etcd_member_name: member.map(Into::into),
+            etcd_node_address: member.map(|_| ip.into()),
+            etcd_role: member.is_some(),
+            internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
+            addresses: vec![("InternalIP".into(), ip.into())],
+            ready: Some(true),
+        }
+    }
+
+    fn member(id: u64, name: &str, ip: &str, leader: u64) -> MemberSnapshot {
+        MemberSnapshot {
+            id,
+            name: name.into(),
+            peer_urls: vec![format!("https://{ip}:2380")],
+            client_urls: vec![format!("https://{ip}:2379")],
+            learner: false,
+            status: Some(MemberStatus {
+                leader,
+                raft_term: 2,
+                raft_index: 10,
+                raft_applied_index: 10,
+                db_size: 1,
+                version: "3.4.23".into(),
+                errors: vec![],
+                is_learner: false,
+            }),
+            probe_error: None,
+            alarms: vec![],
+        }
+    }
+
+    fn world(
+        machines: Vec<Machine>,
+        nodes: Vec<ControlPlaneNode>,
+        members: Vec<MemberSnapshot>,
+    ) -> World {
+        World {
+            kcp: kcp(),
+            cluster_name: Some("c".into()),
+            cluster: None,
+            machines,
+            workload: WorkloadState::Nodes(nodes),
+            etcd: EtcdObservation::Observed(MembershipSnapshot {
+                cluster_id: 7,
+                leader: Some(1),
+                members,
+                listed_by: "https://10.0.0.1:2379".into(),
+                alarms_error: None,
+            }),
+            now: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn member_without_machine_and_machine_without_member_are_counted_and_named() {
+        // cp-2 runs k3s --disable-etcd (no member); cp-9's member has no Machine
+        // and is down: it still counts as a voter.
+        let mut orphan = member(9, "cp-9-0a0b0c0d", "10.0.0.9", 0);
+        orphan.status = None;
+        orphan.probe_error = Some("connection refused".into());
+        let w = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+                machine("m2", "cp-2", "10.0.0.3"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
+                node("cp-2", "10.0.0.3", None),
+            ],
+            vec![
+                member(1, "cp-0-00000001", "10.0.0.1", 1),
+                member(2, "cp-1-00000002", "10.0.0.2", 1),
+                orphan,
+            ],
+        );
+        let report = Report::from_world(&w);
+        assert_eq!(report.members_without_machine, vec!["cp-9-0a0b0c0d"]);
+        assert_eq!(report.members_without_machine_count, 1);
+        assert_eq!(report.machines_without_member, vec!["m2"]);
+        let orphan = report
+            .members
+            .iter()
+            .find(|m| m.id == format!("{:016x}", 9))
+            .unwrap();
+        assert_eq!(orphan.machine, None);
+        assert!(!orphan.healthy);
+        let q = report.quorum.as_ref().unwrap();
+        assert_eq!(
+            (q.assessment.voters, q.assessment.healthy, q.assessment.size),
+            (3, 2, 2)
+        );
+        assert!(!report.next.refused);
+
+        let text = render_text(&report);
+        assert!(
+            text.contains("members without a machine: 1 (cp-9-0a0b0c0d)"),
+            "{text}"
+        );
+        assert!(text.contains("machines without a member: 1 (m2)"), "{text}");
+        assert!(text.contains("UNHEALTHY: connection refused"), "{text}");
+        assert!(
+            text.contains("quorum: 2 of 3 voters healthy, quorum needs 2, fault tolerance 0"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["membersWithoutMachineCount"], 1);
+        assert_eq!(json["members"][0]["matchedBy"], "nodeAnnotation");
+    }
+
+    #[test]
+    fn ambiguous_membership_is_shown_and_the_controller_refuses() {
+        // Two Nodes claim the same member name: nothing may be decided.
+        let w = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-0-00000001")),
+            ],
+            vec![member(1, "cp-0-00000001", "10.0.0.1", 1)],
+        );
+        let report = Report::from_world(&w);
+        assert_eq!(report.ambiguities.len(), 1);
+        assert!(report.next.refused);
+        assert_eq!(report.next.action, None);
+        assert_eq!(report.next.rule, "refused.ambiguous-membership");
+        let text = render_text(&report);
+        assert!(text.contains("ambiguities: 1"), "{text}");
+        assert!(
+            text.contains("member cp-0-00000001 matches machines m0, m1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "next: refused (rule refused.ambiguous-membership): etcd membership is ambiguous"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json["ambiguities"][0]["kind"],
+            "memberMatchesSeveralMachines"
+        );
+        assert_eq!(json["next"]["refused"], true);
+    }
+
+    #[test]
+    fn unreachable_etcd_has_no_quorum_numbers() {
+        let mut w = world(vec![machine("m0", "cp-0", "10.0.0.1")], vec![], vec![]);
+        w.etcd = EtcdObservation::Unreachable {
+            reason: "no control-plane Node with an InternalIP to reach etcd at".into(),
+        };
+        let report = Report::from_world(&w);
+        assert!(report.quorum.is_none());
+        assert_eq!(report.etcd.state, "unreachable");
+        let text = render_text(&report);
+        assert!(
+            text.contains("etcd: unreachable: no control-plane Node"),
+            "{text}"
+        );
+        assert!(text.contains("quorum: unknown"), "{text}");
     }
 }
