@@ -42,6 +42,9 @@ use super::run::management_client;
 /// How long the remediation may take from the mark to a healthy cluster.
 const LIMIT: Duration = Duration::from_secs(45);
 const POLL: Duration = Duration::from_millis(100);
+/// etcd's `HealthInterval` (5 s) plus a margin: how long members must have
+/// been connected before etcd accepts a membership removal.
+const ETCD_PEER_HEALTH_INTERVAL: Duration = Duration::from_millis(5500);
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -555,6 +558,21 @@ async fn sandbox_demo() -> Result<(), DemoError> {
     let target = sandbox.machines[index].clone();
     let target_member = sandbox.etcd.member(index).name.clone();
     let originals = sandbox.machines.clone();
+
+    // etcd (strict reconfiguration check) refuses MemberRemove as "unhealthy
+    // cluster" until the receiving member has been connected to every peer for
+    // 5 s. A production cluster is long past that; a cluster started a second
+    // ago is not, and the controller would retry until it is. Start from a
+    // realistic cluster instead.
+    let settled_at = started + etcd_ready + ETCD_PEER_HEALTH_INTERVAL;
+    if Instant::now() < settled_at {
+        say("");
+        say(format!(
+            "Waiting {} more: etcd accepts member removals only once its members have been connected for 5 s.",
+            secs(settled_at - Instant::now())
+        ));
+        tokio::time::sleep_until(settled_at).await;
+    }
 
     let clock = Clock::default();
     let timeline = start_timeline(sandbox.client(), Some(NAMESPACE), clock.clone()).await?;
