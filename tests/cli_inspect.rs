@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::process::Output;
+use std::time::Duration;
 
+use k3s_control_plane::harness::capi_sim::MACHINE_FINALIZER;
 use k3s_control_plane::harness::sandbox::{KCP, NAMESPACE, Sandbox};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
@@ -11,6 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
+const LIMIT: Duration = Duration::from_secs(30);
 
 fn target() -> String {
     format!("{NAMESPACE}/{KCP}")
@@ -86,6 +89,26 @@ async fn inspect_shows_membership_quorum_and_next_action_and_changes_nothing() {
     let leader_member = sandbox.etcd.member(leader_index).name.clone();
     let leader_machine = sandbox.machines[leader_index].clone();
 
+    // The simulated CAPI Machine controller adds its finalizer to new Machines
+    // on its own schedule: let it finish before taking the reference state.
+    sandbox
+        .wait_for("CAPI's finalizer on every Machine", LIMIT, || async {
+            let machines = sandbox
+                .machines_api()
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            match machines
+                .iter()
+                .find(|m| !m.finalizers().iter().any(|f| f == MACHINE_FINALIZER))
+            {
+                Some(m) => Err(format!("{} has no finalizer yet", m.name_any())),
+                None => Ok(()),
+            }
+        })
+        .await
+        .unwrap();
     let before = server_state(&sandbox).await;
 
     // Text: the table, the leader, the quorum arithmetic, the next action.
