@@ -49,11 +49,7 @@ pub struct MemberRef {
 
 impl MemberRef {
     pub fn label(&self) -> String {
-        if self.name.is_empty() {
-            format!("unnamed member {:016x}", self.id)
-        } else {
-            self.name.clone()
-        }
+        crate::quorum::member_label(self.id, &self.name)
     }
 }
 

@@ -33,14 +33,19 @@ pub struct MemberView {
     pub alarms: Vec<String>,
 }
 
+/// A member as named in explanations: its name, or its id while unnamed
+/// (a member that has not started yet has no name).
+pub fn member_label(id: u64, name: &str) -> String {
+    if name.is_empty() {
+        format!("unnamed member {id:016x}")
+    } else {
+        name.to_string()
+    }
+}
+
 impl MemberView {
-    /// A member as named in explanations: its name, or its id while unnamed.
     pub fn label(&self) -> String {
-        if self.name.is_empty() {
-            format!("unnamed member {:016x}", self.id)
-        } else {
-            self.name.clone()
-        }
+        member_label(self.id, &self.name)
     }
 
     /// Why this member does not count as a healthy voter, if it does not.

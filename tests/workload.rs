@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k3s_control_plane::workload::secrets::{etcd_access_from_secret, kubeconfig_from_secret};
 use k3s_control_plane::workload::{
-    ClusterKey, ClusterSecrets, ControlPlaneNode, Error, EtcdAccess, EtcdTransport, WorkloadCache,
+    ClusterKey, ClusterSecrets, ControlPlaneNode, Error, EtcdAccess, WorkloadCache,
     nodes::control_plane_nodes,
 };
 use k8s_openapi::ByteString;
@@ -470,27 +470,25 @@ fn control_plane_nodes_are_selected_with_their_etcd_annotations() {
 }
 
 #[test]
-fn direct_transport_derives_each_members_endpoint() {
+fn each_members_client_url_is_derived_from_its_node() {
     let cps = control_plane_nodes(&workload_nodes());
-    let endpoints: Vec<Option<(String, String)>> = cps
-        .iter()
-        .map(|n| {
-            EtcdTransport::Direct
-                .endpoint_for(n)
-                .map(|e| (e.url, e.server_name))
-        })
-        .collect();
+    let urls: Vec<Option<String>> = cps.iter().map(ControlPlaneNode::etcd_client_url).collect();
     assert_eq!(
-        endpoints,
+        urls,
         [
-            Some(("https://[fd00::10]:2379".into(), "fd00::10".into())),
-            Some(("https://10.0.0.11:2379".into(), "10.0.0.11".into())),
+            Some("https://[fd00::10]:2379".into()),
+            Some("https://10.0.0.11:2379".into()),
             // No InternalIP: the address k3s annotated for etcd.
-            Some(("https://10.0.0.13:2379".into(), "10.0.0.13".into())),
+            Some("https://10.0.0.13:2379".into()),
             // No address at all: no endpoint, never a guess.
             None,
         ]
     );
+    // The engine's transport dials that URL and verifies the node's IP.
+    let endpoint = k3s_control_plane::etcd::Transport::Direct
+        .resolve("https://[fd00::10]:2379")
+        .unwrap();
+    assert_eq!(endpoint.server_name, "fd00::10");
 }
 
 /// Only with a real cluster (`KUBECONFIG`): list its control-plane Nodes.
@@ -510,7 +508,7 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
             "{} etcd={:?} endpoint={:?}",
             n.name,
             n.etcd_member_name,
-            EtcdTransport::Direct.endpoint_for(n)
+            n.etcd_client_url()
         );
     }
 }

@@ -43,6 +43,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// A write lost an optimistic-concurrency race (409 Conflict): another
+    /// writer (CAPI, an MHC) changed the object since we read it. Not a
+    /// failure: observe again and redo the step.
+    pub fn is_conflict(&self) -> bool {
+        let source = match self {
+            Error::Observe { source, .. }
+            | Error::Act { source, .. }
+            | Error::Status { source, .. } => source,
+            _ => return false,
+        };
+        matches!(source, kube::Error::Api(s) if s.code == 409)
+    }
+
     /// The pipeline stage, as a metric label.
     pub fn stage(&self) -> &'static str {
         match self {

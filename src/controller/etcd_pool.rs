@@ -95,6 +95,15 @@ impl EtcdPool {
             .remove(key);
     }
 
+    /// Connections opened by every pooled handle (a gauge for tests and metrics).
+    pub fn connections_opened(&self) -> u64 {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .values()
+            .map(|e| e.cluster.connections_opened())
+            .sum()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
     }

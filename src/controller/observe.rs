@@ -14,7 +14,7 @@ use crate::api::{Cluster, KThreesControlPlane, Machine};
 use crate::etcd::EtcdCluster;
 use crate::workload::nodes::list_control_plane_nodes;
 use crate::workload::secrets::etcd_access_from_secret;
-use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess, EtcdTransport};
+use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess};
 
 use super::context::Context;
 use super::error::{Error, Result};
@@ -66,8 +66,7 @@ pub async fn owned_machines(
 pub fn etcd_seeds(nodes: &[ControlPlaneNode]) -> Vec<String> {
     nodes
         .iter()
-        .filter_map(|n| EtcdTransport::Direct.endpoint_for(n))
-        .map(|e| e.url)
+        .filter_map(ControlPlaneNode::etcd_client_url)
         .collect()
 }
 

@@ -142,8 +142,14 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
 /// On error: log, count by stage, and retry with this object's own backoff.
 pub fn error_policy(kcp: Arc<KThreesControlPlane>, error: &Error, ctx: Arc<Context>) -> Requeue {
     let key = format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any());
-    ctx.metrics.error(error.stage());
     let delay = ctx.next_error_backoff(&key);
+    if error.is_conflict() {
+        // An ordinary race with another writer: observe again, quietly.
+        tracing::debug!(kcp = %key, %error, retry_in = ?delay, "write conflict, observing again");
+        ctx.metrics.error("conflict");
+        return Requeue::requeue(delay);
+    }
+    ctx.metrics.error(error.stage());
     warn!(kcp = %key, stage = error.stage(), %error, retry_in = ?delay, "reconcile failed");
     Requeue::requeue(delay)
 }

@@ -155,16 +155,16 @@ fn remediating_condition(plan: &Plan, generation: Option<i64>) -> Condition {
             generation,
         );
     }
-    if matches!(plan.action, Action::Wait) {
-        if let Some(machine) = plan.remediation.machine() {
-            return condition(
-                "Remediating",
-                Some(true),
-                "RemediationBlocked",
-                format!("Machine {machine}: {} ({})", plan.message, plan.rule),
-                generation,
-            );
-        }
+    if matches!(plan.action, Action::Wait)
+        && let Some(machine) = plan.remediation.machine()
+    {
+        return condition(
+            "Remediating",
+            Some(true),
+            "RemediationBlocked",
+            format!("Machine {machine}: {} ({})", plan.message, plan.rule),
+            generation,
+        );
     }
     from_value(&plan.remediation.kcp_remediating(), generation)
 }
@@ -192,18 +192,20 @@ fn etcd_cluster_condition(
         EtcdObservation::Observed(snapshot) => {
             let assessment = snapshot.assess_cluster();
             let mut message = assessment.to_string();
-            if let Some(unmapped) = plan.and_then(|p| p.mapping.as_ref()).map(|m| {
-                m.members_without_machine
-                    .iter()
-                    .map(|r| r.label())
-                    .collect::<Vec<_>>()
-            }) {
-                if !unmapped.is_empty() {
-                    message.push_str(&format!(
-                        "; members without a Machine (counted): {}",
-                        unmapped.join(", ")
-                    ));
-                }
+            let unmapped: Vec<String> = plan
+                .and_then(|p| p.mapping.as_ref())
+                .map(|m| {
+                    m.members_without_machine
+                        .iter()
+                        .map(|r| r.label())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !unmapped.is_empty() {
+                message.push_str(&format!(
+                    "; members without a Machine (counted): {}",
+                    unmapped.join(", ")
+                ));
             }
             let healthy = assessment.unhealthy.is_empty() && assessment.is_safe();
             let reason = if healthy { "Healthy" } else { "Unhealthy" };

@@ -53,6 +53,9 @@ pub(crate) struct MemberClients {
     transport: Transport,
     timeouts: Timeouts,
     pool: Mutex<HashMap<EtcdEndpoint, Pooled>>,
+    /// Connections opened so far (for metrics and the "no new connection when
+    /// nothing changed" guarantee).
+    opened: std::sync::atomic::AtomicU64,
 }
 
 fn same_identity(a: &Option<Arc<ClientIdentity>>, b: &Option<Arc<ClientIdentity>>) -> bool {
@@ -70,7 +73,12 @@ impl MemberClients {
             transport,
             timeouts,
             pool: Mutex::new(HashMap::new()),
+            opened: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn connections_opened(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn timeouts(&self) -> Timeouts {
@@ -101,6 +109,8 @@ impl MemberClients {
                     .options_for(&endpoint.server_name, identity.as_deref()),
             );
         let presented = identity.is_some();
+        self.opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let client = Client::connect([endpoint.dial.as_str()], Some(options))
             .await
             .map_err(|e| {

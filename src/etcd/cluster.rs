@@ -82,6 +82,12 @@ impl EtcdCluster {
         self.clients.timeouts()
     }
 
+    /// How many member connections this handle has opened so far; a steady
+    /// cluster reuses them, so this stays put across snapshots.
+    pub fn connections_opened(&self) -> u64 {
+        self.clients.connections_opened()
+    }
+
     fn seeds(&self) -> Vec<String> {
         self.seeds.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -46,11 +46,7 @@ pub struct MemberSnapshot {
 impl MemberSnapshot {
     /// A member as named in messages: its name, or its id while unnamed.
     pub fn label(&self) -> String {
-        if self.name.is_empty() {
-            format!("unnamed member {:016x}", self.id)
-        } else {
-            self.name.clone()
-        }
+        crate::quorum::member_label(self.id, &self.name)
     }
 
     /// Why this member is not healthy, as the quorum rule sees it.

@@ -5,6 +5,7 @@
 
 pub mod capi_sim;
 pub mod etcd;
+pub mod infra_sim;
 pub mod pki;
 pub mod sandbox;
 

@@ -14,5 +14,5 @@ pub mod secrets;
 
 pub use cache::{ClusterKey, ClusterSecrets, WorkloadAccess, WorkloadCache};
 pub use error::Error;
-pub use nodes::{ControlPlaneNode, ETCD_CLIENT_PORT, EtcdEndpoint, EtcdTransport};
+pub use nodes::ControlPlaneNode;
 pub use secrets::{EtcdAccess, EtcdCa};

@@ -1,5 +1,6 @@
 //! Control-plane Nodes of a workload cluster, their k3s etcd annotations and
-//! addresses, and the endpoint through which each node's etcd member is reached.
+//! addresses, and the client URL each node's etcd member serves (how that URL
+//! is dialled is the etcd engine's transport seam, `etcd::Transport`).
 
 use std::net::IpAddr;
 
@@ -13,8 +14,7 @@ use crate::api::names::{
     NODE_ROLE_ETCD_LABEL, NODE_ROLE_MASTER_LABEL,
 };
 
-/// etcd client port on every k3s server.
-pub const ETCD_CLIENT_PORT: u16 = 2379;
+use crate::etcd::transport::DEFAULT_CLIENT_PORT as ETCD_CLIENT_PORT;
 
 /// What we know of one control-plane Node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,28 +33,6 @@ pub struct ControlPlaneNode {
     /// The Node's `Ready` condition (`None`: not reported); k3s runs the API
     /// server, controller manager and scheduler in the same process as kubelet.
     pub ready: Option<bool>,
-}
-
-/// How the management cluster reaches an etcd member. One seam, so a later
-/// transport (port-forward through the workload API server to an `etcd-proxy`
-/// pod) can be added without touching callers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EtcdTransport {
-    /// Connect to `https://<node InternalIP>:2379`; the node address is routable.
-    #[default]
-    Direct,
-}
-
-/// Where one node's etcd member listens, and the name its certificate must carry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtcdEndpoint {
-    pub node: String,
-    /// `https://<ip>:2379` (IPv6 in brackets).
-    pub url: String,
-    /// The name TLS verifies the server certificate against (the node IP).
-    pub server_name: String,
-    pub transport: EtcdTransport,
 }
 
 fn is_control_plane(node: &Node) -> bool {
@@ -120,24 +98,16 @@ impl ControlPlaneNode {
     }
 }
 
-impl EtcdTransport {
-    /// The endpoint of `node`'s etcd member, or `None` if the node has no usable IP.
-    pub fn endpoint_for(&self, node: &ControlPlaneNode) -> Option<EtcdEndpoint> {
-        match self {
-            EtcdTransport::Direct => {
-                let ip = node.etcd_ip()?;
-                let host = match ip {
-                    IpAddr::V4(v4) => v4.to_string(),
-                    IpAddr::V6(v6) => format!("[{v6}]"),
-                };
-                Some(EtcdEndpoint {
-                    node: node.name.clone(),
-                    url: format!("https://{host}:{ETCD_CLIENT_PORT}"),
-                    server_name: ip.to_string(),
-                    transport: self.clone(),
-                })
-            }
-        }
+impl ControlPlaneNode {
+    /// The client URL k3s serves this node's etcd member on,
+    /// `https://<ip>:2379` (IPv6 in brackets), or `None` if the node has no
+    /// usable IP (never a guess). The certificate is verified against that IP.
+    pub fn etcd_client_url(&self) -> Option<String> {
+        let host = match self.etcd_ip()? {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        Some(format!("https://{host}:{ETCD_CLIENT_PORT}"))
     }
 }
 

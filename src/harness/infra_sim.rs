@@ -1,0 +1,178 @@
+//! What an infrastructure provider and k3s do for a control-plane Machine of a
+//! [`Sandbox`], for tests and the demo where no real machines exist:
+//! - [`provision`]: the new server boots and k3s joins etcd as k3s does (a
+//!   learner, promoted once in sync), registers its Node with the k3s etcd
+//!   annotations, and the Machine reports `status.nodeRef` and addresses;
+//! - [`decommission`]: a deleted Machine's server goes away (its etcd process
+//!   stops, CAPI deletes its Node).
+//!
+//! The etcd member is real (a new etcd 3.4 process with its own certificates);
+//! only the machine around it is simulated.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::DeleteParams;
+use tokio::time::Instant;
+
+use crate::etcd::{EtcdError, Transport};
+
+use super::sandbox::{Sandbox, SandboxError};
+
+/// What provisioning produced.
+#[derive(Clone, Debug)]
+pub struct Provisioned {
+    pub machine: String,
+    pub node: String,
+    pub member: String,
+    pub member_id: u64,
+    pub ip: String,
+    /// How many `MemberPromote` calls it took (etcd refuses while the learner
+    /// is not in sync with the leader).
+    pub promote_attempts: u32,
+}
+
+fn sandbox_err(context: &str) -> impl Fn(String) -> SandboxError + '_ {
+    move |e| SandboxError(format!("{context}: {e}"))
+}
+
+/// Boot `machine`: a new etcd member joins as a learner and is promoted, its
+/// Node registers, and the Machine gets its nodeRef and address. `machine` is
+/// then recorded in `sandbox.machines` at its member's index.
+pub async fn provision(
+    sandbox: &mut Sandbox,
+    machine: &str,
+    limit: Duration,
+) -> Result<Provisioned, SandboxError> {
+    let deadline = Instant::now() + limit;
+    let index = sandbox
+        .etcd
+        .add_learner()
+        .await
+        .map_err(|e| SandboxError(format!("add an etcd learner for {machine}: {e}")))?;
+    let (node, ip, member, member_id) = {
+        let m = sandbox.etcd.member(index);
+        (m.node_name.clone(), m.ip.to_string(), m.name.clone(), m.id)
+    };
+    let promote_attempts = promote(sandbox, member_id, deadline)
+        .await
+        .map_err(sandbox_err(&format!("promote etcd learner {member}")))?;
+    wait_voter_in_sync(sandbox, &member, deadline)
+        .await
+        .map_err(sandbox_err(&format!("etcd member {member} joining")))?;
+    sandbox.add_node(&node, &ip, Some(&member)).await?;
+    sandbox.provision(machine, &node, &ip).await?;
+    while sandbox.machines.len() < index {
+        sandbox.machines.push(String::new());
+    }
+    if sandbox.machines.len() == index {
+        sandbox.machines.push(machine.to_string());
+    } else {
+        sandbox.machines[index] = machine.to_string();
+    }
+    Ok(Provisioned {
+        machine: machine.to_string(),
+        node,
+        member,
+        member_id,
+        ip,
+        promote_attempts,
+    })
+}
+
+/// `MemberPromote`, sent to the leader, retried while etcd says the learner is
+/// not in sync yet (or the cluster is transiently unhealthy).
+async fn promote(sandbox: &Sandbox, id: u64, deadline: Instant) -> Result<u32, String> {
+    let etcd = sandbox.etcd.connect();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let result = async {
+            let snap = etcd.snapshot().await?;
+            let leader = snap.leader_member().ok_or_else(|| EtcdError::Client {
+                endpoint: snap.listed_by.clone(),
+                op: "member promote",
+                detail: "no leader".into(),
+            })?;
+            let url = leader.client_urls.first().cloned().unwrap_or_default();
+            let endpoint = Transport::Direct.resolve(&url)?;
+            etcd.clients
+                .call(
+                    &endpoint,
+                    "member promote",
+                    Duration::from_secs(3),
+                    |mut c| async move { c.member_promote(id).await },
+                )
+                .await
+        }
+        .await;
+        let retry = match &result {
+            Ok(_) => return Ok(attempts),
+            Err(EtcdError::Grpc { message, .. }) => {
+                message.contains("in sync") || message.contains("not ready")
+            }
+            Err(err) => err.is_transient() || err.is_unreachable(),
+        };
+        match result {
+            Err(err) if !retry || Instant::now() >= deadline => {
+                return Err(format!("{err} (after {attempts} attempt(s))"));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Wait until `member` is a healthy voter following the leader.
+async fn wait_voter_in_sync(
+    sandbox: &Sandbox,
+    member: &str,
+    deadline: Instant,
+) -> Result<(), String> {
+    let etcd = sandbox.etcd.connect();
+    loop {
+        let last = match etcd.snapshot().await {
+            Ok(snap) => match (snap.member_by_name(member), snap.leader) {
+                (Some(m), Some(leader))
+                    if !m.learner
+                        && m.is_healthy()
+                        && m.status.as_ref().map(|s| s.leader) == Some(leader) =>
+                {
+                    return Ok(());
+                }
+                (Some(m), _) => format!(
+                    "learner={}, health={}",
+                    m.learner,
+                    m.unhealthy_reason().unwrap_or_else(|| "healthy".into())
+                ),
+                (None, _) => "not listed".into(),
+            },
+            Err(err) => err.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("not a healthy voter in time: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A deleted Machine's server goes away: its etcd process is stopped (a removed
+/// member has usually exited by itself already) and its Node is deleted, as
+/// CAPI's Machine controller does.
+pub async fn decommission(sandbox: &mut Sandbox, machine: &str) -> Result<(), SandboxError> {
+    let Some(index) = sandbox.machines.iter().position(|m| m == machine) else {
+        return Err(SandboxError(format!("no sandbox machine {machine}")));
+    };
+    sandbox
+        .etcd
+        .stop(index)
+        .await
+        .map_err(|e| SandboxError(format!("stop the etcd member of {machine}: {e}")))?;
+    let node = sandbox.etcd.member(index).node_name.clone();
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    match nodes.delete(&node, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(SandboxError(format!("delete Node {node}: {e}"))),
+    }
+}

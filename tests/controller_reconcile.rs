@@ -1,0 +1,150 @@
+//! Single reconciles against the sandbox (real etcd, test API servers): what a
+//! steady control plane reports, that nothing is opened or changed needlessly,
+//! and that a bad object gets a condition naming the field instead of actions.
+
+use std::sync::Arc;
+
+use k3s_control_plane::api::KThreesControlPlane;
+use k3s_control_plane::controller::reconcile::reconcile;
+use k3s_control_plane::harness::sandbox::{KCP, Sandbox};
+use kube::ResourceExt;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+
+async fn kcp(sandbox: &Sandbox) -> Arc<KThreesControlPlane> {
+    Arc::new(sandbox.kcp_api().get(KCP).await.unwrap())
+}
+
+fn condition<'a>(
+    kcp: &'a KThreesControlPlane,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    kcp.conditions()
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {:?}", kcp.conditions()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_control_plane_reports_etcd_health_and_reuses_its_connections() {
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let ctx = sandbox.context();
+
+    reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
+    let after_first = ctx.etcd.connections_opened();
+    assert!(
+        after_first >= 3,
+        "every member is probed on its own endpoint: {after_first}"
+    );
+    let status_rv = sandbox.kcp_api().get(KCP).await.unwrap().resource_version();
+
+    for _ in 0..3 {
+        reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
+    }
+    assert_eq!(
+        ctx.etcd.connections_opened(),
+        after_first,
+        "a reconcile with nothing to do opens no connection"
+    );
+    assert_eq!(ctx.etcd.len(), 1, "one pooled handle per workload cluster");
+
+    let kcp = sandbox.kcp_api().get(KCP).await.unwrap();
+    assert_eq!(
+        kcp.resource_version(),
+        status_rv,
+        "nothing changed, nothing written"
+    );
+    let etcd = condition(&kcp, "EtcdClusterHealthy");
+    assert_eq!(etcd.status, "True");
+    assert_eq!(
+        etcd.message,
+        "3 of 3 voters healthy, quorum needs 2, fault tolerance 1"
+    );
+    let status = kcp.status.as_ref().unwrap();
+    assert_eq!(
+        (
+            status.replicas,
+            status.ready_replicas,
+            status.updated_replicas
+        ),
+        (3, 3, 3)
+    );
+    assert_eq!(
+        status.selector,
+        "cluster.x-k8s.io/cluster-name=demo,cluster.x-k8s.io/control-plane"
+    );
+
+    // Each Machine says its member is healthy, by the member's name.
+    for (i, machine) in sandbox.machines.iter().enumerate() {
+        let m = sandbox.machines_api().get(machine).await.unwrap();
+        let c = m.condition("EtcdMemberHealthy").expect("EtcdMemberHealthy");
+        assert!(c.is_true(), "{machine}: {c:?}");
+        assert!(
+            c.message.contains(&sandbox.etcd.member(i).name),
+            "{}",
+            c.message
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_spec_gets_a_condition_naming_the_field_and_no_action() {
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let ctx = sandbox.context();
+    // Even replicas reached the API (no CEL in the test server): the validator refuses.
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    let machines_before: Vec<String> = sandbox
+        .machines_api()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|m| m.resource_version().unwrap())
+        .collect();
+
+    reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
+
+    let kcp = sandbox.kcp_api().get(KCP).await.unwrap();
+    let valid = condition(&kcp, "SpecValid");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(valid.message.contains("spec.replicas"), "{}", valid.message);
+    assert!(
+        valid.message.contains("default/demo-control-plane"),
+        "names the object: {}",
+        valid.message
+    );
+    let machines_after: Vec<String> = sandbox
+        .machines_api()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|m| m.resource_version().unwrap())
+        .collect();
+    assert_eq!(machines_before, machines_after, "no Machine touched");
+
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::all(sandbox.client());
+    let events = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("InvalidSpec")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("spec.replicas"))),
+        "an InvalidSpec Event names the field: {events:?}"
+    );
+}
