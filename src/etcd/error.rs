@@ -144,7 +144,13 @@ impl EtcdError {
         match self {
             EtcdError::Grpc { code, .. } => code == "Cancelled" || code == "Unknown",
             EtcdError::Unreachable { reason, .. } | EtcdError::Client { detail: reason, .. } => {
-                reason.contains("connection closed") || reason.contains("reset")
+                // How a peer that rejected our certificate after the TLS 1.3
+                // handshake looks from gRPC, depending on timing.
+                let reason = reason.to_ascii_lowercase();
+                reason.contains("connection closed")
+                    || reason.contains("reset")
+                    || reason.contains("broken pipe")
+                    || reason.contains("brokenpipe")
             }
             _ => false,
         }
