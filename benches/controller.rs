@@ -8,7 +8,8 @@
 //!   replacement created (both from a Machine watch). Marked once right after
 //!   the first reconcile (what a user sees on a just-started cluster, etcd's
 //!   5 s start-up guard on reconfiguration included) and once when the
-//!   cluster is more than 6 s old (the controller's own time).
+//!   cluster is more than 6 s old (the controller's own time); and a
+//!   follower's Machine, > 6 s old (no leadership move).
 //! - memory: the `k3s-control-plane run` binary in its own process against a
 //!   management test API server: VmRSS idle (no objects), then, in a second
 //!   process, with 100 KThreesControlPlanes (+ Clusters, 300 Machines, one
