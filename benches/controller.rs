@@ -1,0 +1,687 @@
+//! The controller end to end (harness):
+//!
+//! - remediation latency: on a fresh sandbox (real 3-member TLS etcd on
+//!   loopback, management and workload test API servers, CAPI's deletion
+//!   simulated) the controller is started and has reconciled once; then the
+//!   etcd leader's Machine is marked as a MachineHealthCheck does, and we time
+//!   mark -> member removed (etcd polled), mark -> Machine gone and mark ->
+//!   replacement created (both from a Machine watch). Marked once right after
+//!   the first reconcile (what a user sees on a just-started cluster, etcd's
+//!   5 s start-up guard on reconfiguration included) and once when the
+//!   cluster is more than 6 s old (the controller's own time); and a
+//!   follower's Machine, > 6 s old (no leadership move).
+//! - memory: the `k3s-control-plane run` binary in its own process against a
+//!   management test API server: VmRSS idle (no objects), then, in a second
+//!   process, with 100 KThreesControlPlanes (+ Clusters, 300 Machines, one
+//!   workload test API server with 3 Nodes per cluster, no `<cluster>-etcd`
+//!   Secret so etcd is not managed) once every one has a status, and VmHWM.
+//!
+//! Run: `cargo bench --bench controller` (needs etcd on PATH).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use futures::{StreamExt, TryStreamExt};
+use k3s_control_plane::api::names::{
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
+    NODE_ROLE_CONTROL_PLANE_LABEL,
+};
+use k3s_control_plane::api::{KThreesControlPlane, Machine};
+use k3s_control_plane::apiserver::TestApiServer;
+use k3s_control_plane::controller::status::ETCD_CLUSTER_HEALTHY;
+use k3s_control_plane::harness::sandbox::{KCP, Sandbox, VERSION, management_server};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+const ITERATIONS: usize = 5;
+/// etcd refuses member removal until its peers have been connected for 5 s.
+const GUARD_AGE: Duration = Duration::from_secs(6);
+const LIMIT: Duration = Duration::from_secs(60);
+/// Pause between member-list reads while waiting for the removal.
+const ETCD_POLL: Duration = Duration::from_millis(5);
+const FLEET: usize = 100;
+const NAMESPACE: &str = "default";
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn min_median_max(mut samples: Vec<Duration>) -> (Duration, Duration, Duration) {
+    samples.sort();
+    (
+        samples[0],
+        samples[samples.len() / 2],
+        samples[samples.len() - 1],
+    )
+}
+
+// ---------------------------------------------------------------- remediation
+
+/// Which member's Machine the MHC marks.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    /// The leader: leadership is moved off before the removal.
+    Leader,
+    /// A follower: no leadership move.
+    Follower,
+}
+
+/// One remediation, times from the mark.
+struct Timeline {
+    member_removed: Duration,
+    machine_gone: Duration,
+    replacement: Duration,
+    /// How long after the sandbox was up the mark came.
+    age_at_mark: Duration,
+}
+
+async fn remediate_once(target_kind: Target, aged: bool) -> Timeline {
+    let sandbox = Sandbox::start(3).await.expect("sandbox");
+    let up = Instant::now();
+    let admin = sandbox.etcd.connect();
+    let snapshot = admin.snapshot().await.expect("snapshot");
+    let leader = snapshot.leader.expect("a leader");
+    let target_member = match target_kind {
+        Target::Leader => leader,
+        Target::Follower => {
+            snapshot
+                .members
+                .iter()
+                .find(|m| m.id != leader)
+                .expect("a follower")
+                .id
+        }
+    };
+    let index = sandbox.etcd.index_of(target_member).expect("member index");
+    let target = sandbox.machines[index].clone();
+    let member_name = sandbox.etcd.member(index).name.clone();
+
+    let controller = sandbox.start_controller();
+    sandbox
+        .wait_for("a first reconcile (etcd healthy)", LIMIT, || async {
+            let kcp = sandbox
+                .kcp_api()
+                .get(KCP)
+                .await
+                .map_err(|e| e.to_string())?;
+            let healthy = kcp.status.as_ref().and_then(|s| {
+                k3s_control_plane::api::conditions::get(&s.conditions, ETCD_CLUSTER_HEALTHY)
+            });
+            match healthy {
+                Some(c) if c.status == "True" => Ok(()),
+                other => Err(format!("{ETCD_CLUSTER_HEALTHY}: {other:?}")),
+            }
+        })
+        .await
+        .expect("steady");
+    if aged {
+        tokio::time::sleep_until(up + GUARD_AGE).await;
+    }
+
+    // Observers, ready before the mark.
+    let originals: HashSet<String> = sandbox.machines.iter().cloned().collect();
+    let (watch_ready, watching) = tokio::sync::oneshot::channel();
+    let machines = sandbox.machines_api();
+    let watched = target.clone();
+    let machine_times = tokio::spawn(async move {
+        let mut events = watcher::watcher(machines, watcher::Config::default()).boxed();
+        let mut ready = Some(watch_ready);
+        let (mut gone, mut created) = (None, None);
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            match event {
+                Ok(Event::InitDone) => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Ok(Event::Delete(m)) if m.name_any() == watched => {
+                    gone.get_or_insert(now);
+                }
+                Ok(Event::Apply(m)) if !originals.contains(&m.name_any()) => {
+                    created.get_or_insert(now);
+                }
+                _ => {}
+            }
+            if let (Some(gone), Some(created)) = (gone, created) {
+                return (gone, created);
+            }
+        }
+        panic!("the Machine watch ended");
+    });
+    watching.await.expect("Machine watch started");
+    // Membership is read from a member that stays, with the member list
+    // only: the removed member stops answering, and a full snapshot (which
+    // asks every listed member) can stall on it just as it goes.
+    let stays = sandbox
+        .etcd
+        .member((0..3).find(|&i| i != index).expect("another member"));
+    let read = |path: &Path| std::fs::read(path).expect("harness PKI file");
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(read(sandbox.etcd.ca_cert_path())))
+        .identity(Identity::from_pem(
+            read(sandbox.etcd.client_cert_path()),
+            read(sandbox.etcd.client_key_path()),
+        ))
+        .domain_name(stays.ip.to_string());
+    let mut poller = etcd_client::Client::connect(
+        [stays.client_url()],
+        Some(ConnectOptions::new().with_tls(tls)),
+    )
+    .await
+    .expect("etcd client");
+    poller.member_list().await.expect("warm the poller");
+
+    let marked = Instant::now();
+    sandbox.mark_unhealthy(&target).await.expect("mark");
+    let member_removed = async {
+        loop {
+            // The read that first misses the member was served just after it
+            // started: time its start.
+            let asked = Instant::now();
+            if let Ok(list) = poller.member_list().await
+                && list.members().iter().all(|m| m.name() != member_name)
+            {
+                return asked;
+            }
+            tokio::time::sleep(ETCD_POLL).await;
+        }
+    };
+    let (removed, machine_times) =
+        tokio::time::timeout(LIMIT, futures::future::join(member_removed, machine_times))
+            .await
+            .unwrap_or_else(|_| panic!("remediation of {target} not done within {LIMIT:?}"));
+    let (gone, created) = machine_times.expect("Machine watch task");
+    controller.stop().await;
+    Timeline {
+        member_removed: removed - marked,
+        machine_gone: gone - marked,
+        replacement: created - marked,
+        age_at_mark: marked - up,
+    }
+}
+
+struct Scenario {
+    name: &'static str,
+    runs: Vec<Timeline>,
+}
+
+async fn scenario(name: &'static str, target: Target, aged: bool) -> Scenario {
+    let mut runs = Vec::new();
+    for _ in 0..ITERATIONS {
+        runs.push(remediate_once(target, aged).await);
+    }
+    Scenario { name, runs }
+}
+
+// ---------------------------------------------------------------- memory
+
+/// VmRSS and VmHWM of `pid`, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status code, body).
+async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// `k3s-control-plane run` against `server`, in its own process.
+struct ControllerProcess {
+    child: tokio::process::Child,
+    pid: u32,
+    probes: String,
+    _dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+impl ControllerProcess {
+    async fn spawn(server: &TestApiServer) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            serde_yaml::to_string(&server.kubeconfig()).expect("kubeconfig yaml"),
+        )
+        .expect("write kubeconfig");
+        // A free port, so the probes can be found (the binary only logs the one it got).
+        let probes = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .to_string();
+        let log = dir.path().join("controller.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_k3s-control-plane"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--probe-address")
+            .arg(&probes)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::from(out.try_clone().expect("log file")))
+            .stderr(Stdio::from(out))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn k3s-control-plane run");
+        let pid = child.id().expect("child pid");
+        let process = ControllerProcess {
+            child,
+            pid,
+            probes,
+            _dir: dir,
+            log,
+        };
+        process.wait_ready().await;
+        process
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Ok((200, _)) = http_get(&self.probes, "/readyz").await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "controller not ready within {LIMIT:?}:\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn memory(&self) -> (u64, u64) {
+        memory_kib(self.pid)
+    }
+
+    /// `k3scp_reconciles_total` from /metrics.
+    async fn reconciles(&self) -> u64 {
+        let (_, body) = http_get(&self.probes, "/metrics").await.expect("/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix("k3scp_reconciles_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .unwrap_or_else(|| panic!("no k3scp_reconciles_total in /metrics:\n{body}"))
+    }
+
+    /// SIGINT (the binary's shutdown signal), then wait for it to exit.
+    async fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// One workload cluster of the fleet: its own test API server with 3 ready
+/// control-plane Nodes, and in the management server a Cluster, a kubeconfig
+/// Secret, an initialized KThreesControlPlane and 3 provisioned Machines.
+async fn add_cluster(management: &kube::Client, i: usize) -> TestApiServer {
+    let cluster = format!("c{i:03}");
+    let kcp_name = format!("{cluster}-control-plane");
+    let workload = TestApiServer::builder()
+        .with_core_resources()
+        .start()
+        .await
+        .expect("workload API server");
+    let nodes: Api<Node> = Api::all(workload.client());
+    let node_names: Vec<String> = (0..3).map(|j| format!("{cluster}-cp-{j}")).collect();
+    for (j, node) in node_names.iter().enumerate() {
+        let ip = format!("10.{}.{}.{}", i / 250, i % 250, j + 10);
+        let status = json!({
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": node}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        });
+        let object: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": {NODE_ROLE_CONTROL_PLANE_LABEL: "true"}},
+        }))
+        .expect("Node");
+        nodes
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create Node");
+        nodes
+            .patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .expect("Node status");
+    }
+
+    let secrets: Api<Secret> = Api::namespaced(management.clone(), NAMESPACE);
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{cluster}-kubeconfig"), "labels": {CLUSTER_NAME_LABEL: cluster}},
+        "type": "cluster.x-k8s.io/secret",
+        "stringData": {"value": serde_yaml::to_string(&workload.kubeconfig()).expect("kubeconfig")}
+    }))
+    .expect("Secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create Secret");
+
+    let clusters: Api<k3s_control_plane::api::Cluster> =
+        Api::namespaced(management.clone(), NAMESPACE);
+    let object = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": cluster, "namespace": NAMESPACE},
+        "spec": {
+            "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KThreesControlPlane", "name": kcp_name},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": cluster}
+        }
+    }))
+    .expect("Cluster");
+    let created_cluster = clusters
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create Cluster");
+
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(management.clone(), NAMESPACE);
+    let object: KThreesControlPlane = serde_json::from_value(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "metadata": {
+            "name": kcp_name, "namespace": NAMESPACE,
+            "labels": {CLUSTER_NAME_LABEL: cluster},
+            "ownerReferences": [{
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": cluster,
+                "uid": created_cluster.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "spec": {
+            "replicas": 3, "version": VERSION,
+            "machineTemplate": {"infrastructureRef": {
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
+                "name": format!("{kcp_name}-template"), "namespace": NAMESPACE
+            }},
+            "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}}
+        }
+    }))
+    .expect("KThreesControlPlane");
+    let kcp = kcps
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create KThreesControlPlane");
+    let initialized = json!({"status": {"initialized": true, "initialization": {"controlPlaneInitialized": true}}});
+    kcps.patch_status(
+        &kcp_name,
+        &PatchParams::default(),
+        &Patch::Merge(&initialized),
+    )
+    .await
+    .expect("initialize KThreesControlPlane");
+
+    let owner = kcp.controller_owner_ref(&()).expect("KCP uid");
+    let machines: Api<Machine> = Api::namespaced(management.clone(), NAMESPACE);
+    for (j, node) in node_names.iter().enumerate() {
+        let ip = format!("10.{}.{}.{}", i / 250, i % 250, j + 10);
+        let object: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {
+                "name": node, "namespace": NAMESPACE,
+                "labels": {CLUSTER_NAME_LABEL: cluster, CONTROL_PLANE_LABEL: "", CONTROL_PLANE_NAME_LABEL: kcp_name},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "clusterName": cluster,
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": node}},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": node},
+                "version": VERSION
+            }
+        }))
+        .expect("Machine");
+        machines
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create Machine");
+        let status = json!({"status": {
+            "nodeRef": {"name": node},
+            "addresses": [{"type": "InternalIP", "address": ip}],
+            "phase": "Running"
+        }});
+        machines
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("provision Machine");
+    }
+    workload
+}
+
+/// Reconciled: the controller wrote a status that read the 3 Machines and
+/// their Nodes, and saw that etcd is not managed.
+fn reconciled(kcp: &KThreesControlPlane) -> bool {
+    kcp.status.as_ref().is_some_and(|s| {
+        s.ready_replicas == 3
+            && k3s_control_plane::api::conditions::get(&s.conditions, ETCD_CLUSTER_HEALTHY)
+                .is_some_and(|c| c.reason == "EtcdNotManaged")
+    })
+}
+
+struct FleetFigures {
+    idle: (u64, u64),
+    reconciled: (u64, u64),
+    settled: (u64, u64),
+    all_reconciled_after: Duration,
+    reconciles: u64,
+    populate: Duration,
+}
+
+async fn fleet() -> FleetFigures {
+    // Idle: nothing to watch but empty lists.
+    let empty = management_server().await.expect("management server");
+    let idle_process = ControllerProcess::spawn(&empty).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = idle_process.memory();
+    idle_process.stop().await;
+    drop(empty);
+
+    // Loaded: the fleet exists before the controller starts.
+    let management = management_server().await.expect("management server");
+    let client = management.client();
+    let started = Instant::now();
+    let workloads: Vec<TestApiServer> = futures::stream::iter(0..FLEET)
+        .map(|i| add_cluster(&client, i))
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let populate = started.elapsed();
+
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(client.clone(), NAMESPACE);
+    let (watch_ready, watching) = tokio::sync::oneshot::channel();
+    let done = tokio::spawn(async move {
+        let mut events = watcher::watcher(kcps, watcher::Config::default()).boxed();
+        let mut ready = Some(watch_ready);
+        let mut seen = HashSet::new();
+        while let Some(event) = events.try_next().await.expect("KCP watch") {
+            match event {
+                Event::InitDone => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Event::Apply(kcp) | Event::InitApply(kcp) if reconciled(&kcp) => {
+                    seen.insert(kcp.name_any());
+                }
+                _ => {}
+            }
+            if seen.len() == FLEET {
+                return Instant::now();
+            }
+        }
+        panic!("the KThreesControlPlane watch ended");
+    });
+    watching.await.expect("KCP watch started");
+
+    let spawned = Instant::now();
+    let process = ControllerProcess::spawn(&management).await;
+    let all_done = match tokio::time::timeout(Duration::from_secs(120), done).await {
+        Ok(done) => done.expect("KCP watch task"),
+        Err(_) => panic!(
+            "not all {FLEET} KThreesControlPlanes reconciled:\n{}",
+            process.log_tail()
+        ),
+    };
+    let reconciled_memory = process.memory();
+    let reconciles = process.reconciles().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = process.memory();
+    process.stop().await;
+    drop(workloads);
+    FleetFigures {
+        idle,
+        reconciled: reconciled_memory,
+        settled,
+        all_reconciled_after: all_done - spawned,
+        reconciles,
+        populate,
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+fn timeline_rows(s: &Scenario) {
+    let row = |what: &str, pick: fn(&Timeline) -> Duration| {
+        let (min, median, max) = min_median_max(s.runs.iter().map(pick).collect());
+        println!(
+            "  {what:<34} {:>9.0} {:>9.0} {:>9.0}",
+            ms(min),
+            ms(median),
+            ms(max)
+        );
+    };
+    let (_, age, _) = min_median_max(s.runs.iter().map(|t| t.age_at_mark).collect());
+    println!(
+        "{} (marked {:.1} s after the sandbox was up, median)",
+        s.name,
+        age.as_secs_f64()
+    );
+    row("mark -> etcd member removed", |t| t.member_removed);
+    row("mark -> Machine gone", |t| t.machine_gone);
+    row("mark -> replacement Machine created", |t| t.replacement);
+}
+
+fn median_of(s: &Scenario, pick: fn(&Timeline) -> Duration) -> Duration {
+    min_median_max(s.runs.iter().map(pick).collect()).1
+}
+
+fn main() {
+    k3s_control_plane::install_crypto_provider();
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return; // `cargo test --benches` / tooling probes: nothing to list.
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // Watches of the sandbox's simulators that outlive its servers at teardown log
+                // connection errors there: noise, not results.
+                .unwrap_or_else(|_| "error,kube_client::client::builder=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    assert!(
+        Path::new(env!("CARGO_BIN_EXE_k3s-control-plane")).exists(),
+        "the k3s-control-plane binary is built with the bench"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let started = Instant::now();
+        let fresh = scenario("leader marked, cluster just started", Target::Leader, false).await;
+        let aged = scenario("leader marked, cluster > 6 s old", Target::Leader, true).await;
+        let follower = scenario("follower marked, cluster > 6 s old", Target::Follower, true).await;
+        let fleet = fleet().await;
+
+        println!();
+        println!(
+            "remediation, 3-member loopback etcd, {ITERATIONS} runs each   {:>9} {:>9} {:>9}",
+            "min ms", "median ms", "max ms"
+        );
+        for s in [&fresh, &aged, &follower] {
+            timeline_rows(s);
+        }
+        let guard = |pick: fn(&Timeline) -> Duration| {
+            ms(median_of(&fresh, pick)) - ms(median_of(&aged, pick))
+        };
+        println!(
+            "etcd start-up guard share (median just started - median > 6 s old): \
+             member removed {:.0} ms, Machine gone {:.0} ms",
+            guard(|t| t.member_removed),
+            guard(|t| t.machine_gone)
+        );
+        println!();
+        println!(
+            "controller process (`k3s-control-plane run`, {} build), {FLEET} KThreesControlPlanes, \
+             300 Machines, etcd not managed",
+            if cfg!(debug_assertions) { "debug" } else { "release" }
+        );
+        let line = |what: &str, (rss, hwm): (u64, u64)| {
+            println!(
+                "  {what:<40} VmRSS {:>6.1} MiB   VmHWM {:>6.1} MiB",
+                mib(rss),
+                mib(hwm)
+            );
+        };
+        line("idle (no objects, own process)", fleet.idle);
+        line("all reconciled", fleet.reconciled);
+        line("3 s later", fleet.settled);
+        println!(
+            "  all {FLEET} reconciled {:.2} s after spawn ({:.0} KCP/s incl. start-up and initial lists; \
+             {} reconciles); fleet populated in {:.1} s",
+            fleet.all_reconciled_after.as_secs_f64(),
+            FLEET as f64 / fleet.all_reconciled_after.as_secs_f64(),
+            fleet.reconciles,
+            fleet.populate.as_secs_f64()
+        );
+        println!("(whole bench {:.0} s)", started.elapsed().as_secs_f64());
+    });
+}
