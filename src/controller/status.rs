@@ -207,7 +207,12 @@ fn etcd_cluster_condition(
                     unmapped.join(", ")
                 ));
             }
-            let healthy = assessment.unhealthy.is_empty() && assessment.is_safe();
+            if let Some(err) = &snapshot.alarms_error {
+                message.push_str(&format!("; alarms could not be read: {err}"));
+            }
+            let healthy = assessment.unhealthy.is_empty()
+                && assessment.is_safe()
+                && snapshot.alarms_error.is_none();
             let reason = if healthy { "Healthy" } else { "Unhealthy" };
             condition(
                 ETCD_CLUSTER_HEALTHY,

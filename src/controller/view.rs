@@ -135,6 +135,13 @@ pub fn control_plane_view(
             EtcdObservation::Unreachable { reason } => EtcdState::Unreachable {
                 reason: reason.clone(),
             },
+            // Unknown alarms are not "no alarms": nothing may be removed on a guess.
+            EtcdObservation::Observed(s) if s.alarms_error.is_some() => EtcdState::Unreachable {
+                reason: format!(
+                    "etcd alarms could not be read: {}",
+                    s.alarms_error.as_deref().unwrap_or_default()
+                ),
+            },
             EtcdObservation::Observed(s) => EtcdState::Observed(Membership {
                 members: s.member_views(),
                 leader: s.leader,
@@ -245,4 +252,88 @@ fn machine_view(
             .collect(),
         waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::world::WorkloadState;
+    use crate::etcd::{MemberSnapshot, MembershipSnapshot};
+    use serde_json::json;
+
+    fn world(etcd: EtcdObservation) -> World {
+        let kcp: KThreesControlPlane = serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
+                     "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+        }))
+        .unwrap();
+        World {
+            kcp,
+            cluster_name: Some("c".into()),
+            cluster: None,
+            machines: vec![],
+            workload: WorkloadState::Nodes(vec![]),
+            etcd,
+            now: chrono::Utc::now(),
+        }
+    }
+
+    fn snapshot(alarms_error: Option<&str>) -> MembershipSnapshot {
+        MembershipSnapshot {
+            cluster_id: 1,
+            leader: Some(1),
+            members: vec![MemberSnapshot {
+                id: 1,
+                name: "cp-0-00000001".into(),
+                peer_urls: vec![],
+                client_urls: vec![],
+                learner: false,
+                status: None,
+                probe_error: None,
+                alarms: vec![],
+            }],
+            listed_by: "https://127.0.0.1:2379".into(),
+            alarms_error: alarms_error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn unreadable_alarms_make_the_membership_unknown_not_alarm_free() {
+        let view = control_plane_view(
+            &world(EtcdObservation::Observed(snapshot(Some(
+                "etcdserver: request timed out",
+            )))),
+            None,
+        )
+        .unwrap();
+        match view.etcd {
+            EtcdState::Unreachable { reason } => {
+                assert!(reason.contains("request timed out"), "{reason}")
+            }
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+        let view =
+            control_plane_view(&world(EtcdObservation::Observed(snapshot(None))), None).unwrap();
+        assert!(matches!(view.etcd, EtcdState::Observed(_)));
+    }
+
+    #[test]
+    fn a_bad_remediation_annotation_names_the_object_and_field() {
+        let mut w = world(EtcdObservation::NotManaged);
+        w.kcp.metadata.annotations = Some(
+            [(
+                REMEDIATION_IN_PROGRESS_ANNOTATION.to_string(),
+                "{not json".to_string(),
+            )]
+            .into(),
+        );
+        let err = control_plane_view(&w, None).unwrap_err();
+        assert_eq!(err.object, "KThreesControlPlane ns/cp");
+        assert!(
+            err.field.contains(REMEDIATION_IN_PROGRESS_ANNOTATION),
+            "{err}"
+        );
+    }
 }

@@ -216,8 +216,8 @@ impl EtcdCluster {
     async fn alarms(
         &self,
         endpoint: &EtcdEndpoint,
+        limit: std::time::Duration,
     ) -> Result<BTreeMap<u64, Vec<String>>, EtcdError> {
-        let limit = self.timeouts().call;
         let response = self
             .clients
             .call(endpoint, "alarm list", limit, |mut c| async move {
@@ -242,14 +242,33 @@ impl EtcdCluster {
     #[instrument(skip(self), level = "debug")]
     pub async fn snapshot(&self) -> Result<MembershipSnapshot, EtcdError> {
         let list = self.member_list(&[]).await?;
-        // Alarms go through raft: without quorum they cannot be read, and the
-        // snapshot must still show what it can.
-        let (alarms, alarms_error) = match self.alarms(&list.listed_by).await {
-            Ok(alarms) => (alarms, None),
-            Err(err) => (BTreeMap::new(), Some(err.to_string())),
-        };
         let probe_limit = self.timeouts().probe;
         let probes = join_all(list.members.iter().map(|m| self.probe(m, probe_limit))).await;
+        // Alarms go through raft: ask members that just answered their probe
+        // (the one that listed first, then the others), each within the probe
+        // timeout, so a member being removed cannot hold the snapshot. Without
+        // quorum they cannot be read, and the snapshot still shows what it can.
+        let mut askers: Vec<EtcdEndpoint> = vec![list.listed_by.clone()];
+        for (listed, probe) in list.members.iter().zip(&probes) {
+            if probe.is_ok()
+                && let Ok(endpoint) = self.member_endpoint(listed)
+                && !askers.contains(&endpoint)
+            {
+                askers.push(endpoint);
+            }
+        }
+        let mut alarms = BTreeMap::new();
+        let mut alarms_error = None;
+        for endpoint in &askers {
+            match self.alarms(endpoint, probe_limit).await {
+                Ok(found) => {
+                    alarms = found;
+                    alarms_error = None;
+                    break;
+                }
+                Err(err) => alarms_error = Some(err.to_string()),
+            }
+        }
 
         let mut members = Vec::with_capacity(list.members.len());
         let mut leader: Option<(u64, u64)> = None; // (term, id)
