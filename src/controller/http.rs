@@ -79,3 +79,40 @@ async fn metrics(State(probes): State<Probes>) -> impl IntoResponse {
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: probes\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn probes_answer_health_readiness_and_metrics() {
+        let mut registry = Registry::default();
+        let metrics = crate::controller::metrics::Metrics::register(&mut registry);
+        metrics.reconciles.inc();
+        let probes = Probes::new(Arc::new(registry));
+        let addr = probes
+            .clone()
+            .serve("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        let not_ready = get(addr, "/readyz").await;
+        assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
+        probes.set_ready(true);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let metrics = get(addr, "/metrics").await;
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        assert!(metrics.contains("k3scp_reconciles_total 1"), "{metrics}");
+    }
+}
