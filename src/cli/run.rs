@@ -73,8 +73,25 @@ pub async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // Ready once the management API answers for our kind (CRD installed, RBAC
+    // in place); until then /readyz says why not and the loop retries.
+    let kcps: kube::Api<crate::api::KThreesControlPlane> = kube::Api::all(client.clone());
+    let ready_probes = probes.clone();
+    tokio::spawn(async move {
+        loop {
+            match kcps.list(&kube::api::ListParams::default().limit(1)).await {
+                Ok(_) => {
+                    ready_probes.set_ready(true);
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "KThreesControlPlanes cannot be listed yet (are the CRDs installed?)");
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            }
+        }
+    });
     let ctx = Context::new(client, metrics, EtcdPool::default(), Settings::default());
-    probes.set_ready(true);
     controller::run(ctx, async {
         let _ = tokio::signal::ctrl_c().await;
     })

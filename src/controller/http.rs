@@ -11,8 +11,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-/// What the probe endpoints need: the registry and whether the controller's
-/// caches have synced (ready) .
+/// What the probe endpoints need: the registry, and whether the controller is
+/// ready (the management API answered for our kind).
 #[derive(Clone)]
 pub struct Probes {
     registry: Arc<Registry>,
@@ -59,7 +59,7 @@ async fn readyz(State(probes): State<Probes>) -> impl IntoResponse {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "controller caches not synced",
+            "the management API has not yet answered for KThreesControlPlanes",
         )
     }
 }
