@@ -1,0 +1,197 @@
+//! The report as text: aligned tables and the summary lines.
+
+use crate::membership::MatchRule;
+
+use super::report::*;
+
+/// A left-aligned text table with a header row.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The membership table alone (members <-> machines <-> nodes).
+pub fn render_members(report: &Report) -> String {
+    let rows: Vec<Vec<String>> = report
+        .members
+        .iter()
+        .map(|m| {
+            vec![
+                m.name.clone(),
+                m.id.clone(),
+                if m.leader { "leader" } else { "-" }.to_string(),
+                if m.learner { "learner" } else { "-" }.to_string(),
+                match &m.error {
+                    None => "healthy".to_string(),
+                    Some(reason) => format!("UNHEALTHY: {reason}"),
+                },
+                if m.alarms.is_empty() {
+                    "-".to_string()
+                } else {
+                    m.alarms.join(",")
+                },
+                m.machine.clone().unwrap_or_else(|| "(none)".into()),
+                m.node.clone().unwrap_or_else(|| "-".into()),
+                m.matched_by.map_or("-", match_rule_name).to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "MEMBER",
+            "ID",
+            "LEADER",
+            "LEARNER",
+            "HEALTH",
+            "ALARMS",
+            "MACHINE",
+            "NODE",
+            "MATCHED BY",
+        ],
+        &rows,
+    )
+}
+
+/// The whole report for people.
+pub fn render_text(report: &Report) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!(
+        "KThreesControlPlane {} (Cluster {})",
+        report.control_plane,
+        report.cluster.as_deref().unwrap_or("none")
+    ));
+    line(match &report.workload.reason {
+        None => format!(
+            "workload cluster: {} control-plane node(s)",
+            report.workload.control_plane_nodes
+        ),
+        Some(reason) => format!("workload cluster: unavailable: {reason}"),
+    });
+    let etcd = &report.etcd;
+    line(match etcd.state {
+        "observed" => format!(
+            "etcd: cluster {}, {} member(s), leader {}",
+            etcd.cluster_id.as_deref().unwrap_or("?"),
+            report.members.len(),
+            etcd.leader.as_deref().unwrap_or("none")
+        ),
+        state => format!(
+            "etcd: {state}: {}",
+            etcd.reason.as_deref().unwrap_or_default()
+        ),
+    });
+    if let Some(reason) = &etcd.alarms_error {
+        line(format!("etcd alarms: unknown ({reason})"));
+    }
+    if !report.members.is_empty() {
+        line(String::new());
+        out.push_str(&render_members(report));
+    }
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!(
+        "members without a machine: {}{}",
+        report.members_without_machine_count,
+        list_suffix(&report.members_without_machine)
+    ));
+    line(format!(
+        "machines without a member: {}{}",
+        report.machines_without_member.len(),
+        list_suffix(&report.machines_without_member)
+    ));
+    if report.ambiguities.is_empty() {
+        line("ambiguities: none".into());
+    } else {
+        line(format!("ambiguities: {}", report.ambiguities.len()));
+        for a in &report.ambiguities {
+            line(format!("  - {}", a.message));
+        }
+    }
+    let rows: Vec<Vec<String>> = report
+        .machines
+        .iter()
+        .map(|m| {
+            vec![
+                m.name.clone(),
+                m.node.clone().unwrap_or_else(|| "(none)".into()),
+                m.member.clone().unwrap_or_else(|| "(none)".into()),
+                if m.deleting { "yes" } else { "-" }.to_string(),
+                yes_no(m.health_check_succeeded).to_string(),
+                yes_no(m.owner_remediated).to_string(),
+            ]
+        })
+        .collect();
+    line(String::new());
+    out.push_str(&table(
+        &[
+            "MACHINE",
+            "NODE",
+            "MEMBER",
+            "DELETING",
+            "HEALTHCHECK",
+            "OWNERREMEDIATED",
+        ],
+        &rows,
+    ));
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(String::new());
+    line(match &report.quorum {
+        Some(q) => format!("quorum: {}", q.summary),
+        None => "quorum: unknown (no etcd membership observed)".into(),
+    });
+    let next = &report.next;
+    line(match &next.action {
+        Some(action) => format!("next: {action} (rule {}): {}", next.rule, next.message),
+        None => format!("next: refused (rule {}): {}", next.rule, next.message),
+    });
+    out
+}
+
+fn list_suffix(items: &[String]) -> String {
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", items.join(", "))
+    }
+}
+
+fn match_rule_name(rule: MatchRule) -> &'static str {
+    match rule {
+        MatchRule::NodeAnnotation => "node annotation",
+        MatchRule::NamePattern => "name pattern",
+        MatchRule::PeerAddress => "peer address",
+    }
+}
+
+fn yes_no(flag: Option<bool>) -> &'static str {
+    match flag {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "-",
+    }
+}
