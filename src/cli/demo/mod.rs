@@ -8,27 +8,17 @@
 //! instead and prints what happens there until Ctrl-C (nothing is simulated and
 //! nothing is marked).
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::api::names::{
-    DELETING_CONDITION, HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION,
-    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
-};
-use crate::api::{KThreesControlPlane, Machine};
+use crate::api::KThreesControlPlane;
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
@@ -36,8 +26,12 @@ use crate::harness::etcd::etcd_binary;
 use crate::harness::infra_sim::{self, Provisioned};
 use crate::harness::sandbox::{KCP, NAMESPACE, Sandbox, SandboxError};
 
-use super::inspect::{self, Report, init_quiet_logging, read_only_context, render_members};
-use super::run::management_client;
+use crate::cli::inspect::{self, Report, init_quiet_logging, read_only_context, render_members};
+use crate::cli::run::management_client;
+
+mod timeline;
+
+use timeline::{Clock, MACHINE_CREATED, MACHINE_DELETED, say, secs, start_timeline};
 
 /// How long the remediation may take from the mark to a healthy cluster.
 const LIMIT: Duration = Duration::from_secs(45);
@@ -88,314 +82,6 @@ pub async fn run(args: DemoArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Relative timestamps from one origin (the moment the Machine is marked).
-#[derive(Clone, Default)]
-struct Clock(Arc<OnceLock<Instant>>);
-
-impl Clock {
-    fn start(&self) {
-        let _ = self.0.set(Instant::now());
-    }
-
-    fn elapsed(&self) -> Duration {
-        self.0.get().map(Instant::elapsed).unwrap_or_default()
-    }
-
-    fn stamp(&self) -> String {
-        format!("[{:6.2}s]", self.elapsed().as_secs_f64())
-    }
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2}s", d.as_secs_f64())
-}
-
-fn say(text: impl AsRef<str>) {
-    println!("{}", text.as_ref());
-}
-
-// ---------------------------------------------------------------------------
-// The timeline: one line per new Event and per Machine change.
-
-/// The watch tasks; aborted on drop. `events` records (time, reason, note) of
-/// each Event, and (time, `Machine/created` or `Machine/deleted`, name) of
-/// Machines coming and going.
-struct Timeline {
-    tasks: Vec<JoinHandle<()>>,
-    events: Arc<Mutex<Vec<(Duration, String, String)>>>,
-}
-
-impl Drop for Timeline {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
-const MACHINE_CREATED: &str = "Machine/created";
-const MACHINE_DELETED: &str = "Machine/deleted";
-
-impl Timeline {
-    /// The first record of `what` (an Event reason, or [`MACHINE_CREATED`] /
-    /// [`MACHINE_DELETED`]) whose note satisfies `matches`: when, and the note.
-    fn first(&self, what: &str, matches: impl Fn(&str) -> bool) -> Option<(Duration, String)> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|(_, r, note)| r == what && matches(note))
-            .map(|(t, _, note)| (*t, note.clone()))
-    }
-}
-
-/// Watch Events (events.k8s.io/v1) and Machines in `namespace` (all when
-/// `None`); returns once both watches have listed what exists (that is not
-/// printed: only what happens afterwards).
-async fn start_timeline(
-    client: Client,
-    namespace: Option<&str>,
-    clock: Clock,
-) -> Result<Timeline, DemoError> {
-    let (events_api, machines_api): (Api<Event>, Api<Machine>) = match namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
-    let recorded = Arc::new(Mutex::new(Vec::new()));
-    let (events_synced, events_ready) = oneshot::channel();
-    let (machines_synced, machines_ready) = oneshot::channel();
-    let tasks = vec![
-        tokio::spawn(watch_events(
-            events_api,
-            clock.clone(),
-            recorded.clone(),
-            events_synced,
-        )),
-        tokio::spawn(watch_machines(
-            machines_api,
-            clock,
-            recorded.clone(),
-            machines_synced,
-        )),
-    ];
-    let timeline = Timeline {
-        tasks,
-        events: recorded,
-    };
-    let synced = async {
-        let _ = events_ready.await;
-        let _ = machines_ready.await;
-    };
-    tokio::time::timeout(Duration::from_secs(20), synced)
-        .await
-        .map_err(|_| DemoError::Failed("watching Events and Machines did not start".into()))?;
-    Ok(timeline)
-}
-
-async fn watch_events(
-    api: Api<Event>,
-    clock: Clock,
-    recorded: Arc<Mutex<Vec<(Duration, String, String)>>>,
-    synced: oneshot::Sender<()>,
-) {
-    let mut synced = Some(synced);
-    let mut initial = true;
-    // Event name -> series count seen, so a repeat prints once per repeat.
-    let mut seen: HashMap<String, i32> = HashMap::new();
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    while let Some(item) = stream.next().await {
-        let event = match item {
-            Ok(watcher::Event::Init) => continue,
-            Ok(watcher::Event::InitDone) => {
-                initial = false;
-                if let Some(tx) = synced.take() {
-                    let _ = tx.send(());
-                }
-                continue;
-            }
-            Ok(watcher::Event::InitApply(e)) if initial && synced.is_some() => {
-                seen.insert(e.name_any(), e.series.as_ref().map_or(1, |s| s.count));
-                continue;
-            }
-            Ok(watcher::Event::InitApply(e) | watcher::Event::Apply(e)) => e,
-            Ok(watcher::Event::Delete(_)) => continue,
-            Err(err) => {
-                tracing::debug!(%err, "event watch");
-                continue;
-            }
-        };
-        let count = event.series.as_ref().map_or(1, |s| s.count);
-        let previous = seen.insert(event.name_any(), count);
-        if previous.is_some_and(|p| p >= count) {
-            continue;
-        }
-        let reason = event.reason.clone().unwrap_or_default();
-        let note = event.note.clone().unwrap_or_default();
-        let kind = match event.type_.as_deref() {
-            Some("Warning") => "Warning ",
-            _ => "",
-        };
-        let repeat = if count > 1 {
-            format!(" (x{count})")
-        } else {
-            String::new()
-        };
-        say(format!("{} {kind}{reason}: {note}{repeat}", clock.stamp()));
-        recorded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((clock.elapsed(), reason, note));
-    }
-}
-
-/// What the timeline shows of a Machine; a change in any of these is a line.
-type Facets = BTreeMap<&'static str, String>;
-
-fn machine_facets(machine: &Machine) -> Facets {
-    let mut facets = Facets::new();
-    if machine.is_deleting() {
-        facets.insert("deleting", String::new());
-    }
-    if let Some(node) = machine.node_name() {
-        facets.insert("nodeRef", node.to_string());
-    }
-    let annotations = machine.annotations();
-    if annotations.contains_key(PRE_TERMINATE_HOOK_ANNOTATION) {
-        facets.insert("hook", String::new());
-    }
-    if let Some(record) = annotations.get(REMEDIATION_FOR_ANNOTATION) {
-        let text = serde_json::from_str::<serde_json::Value>(record)
-            .map(|v| {
-                format!(
-                    "{} (retry {})",
-                    v["machine"].as_str().unwrap_or("?"),
-                    v["retryCount"]
-                )
-            })
-            .unwrap_or_else(|_| record.clone());
-        facets.insert("remediationFor", text);
-    }
-    for type_ in [
-        HEALTH_CHECK_SUCCEEDED_CONDITION,
-        OWNER_REMEDIATED_CONDITION,
-        DELETING_CONDITION,
-    ] {
-        if let Some(c) = machine.condition(type_) {
-            let value = if c.reason.is_empty() {
-                c.status.to_string()
-            } else {
-                format!("{} ({})", c.status, c.reason)
-            };
-            facets.insert(type_, value);
-        }
-    }
-    facets
-}
-
-/// Phrases for what changed between two observations of one Machine.
-fn describe_changes(before: &Facets, after: &Facets) -> Vec<String> {
-    let mut keys: Vec<&&str> = before.keys().chain(after.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter_map(|key| {
-            let (old, new) = (before.get(*key), after.get(*key));
-            if old == new {
-                return None;
-            }
-            Some(match (*key, new) {
-                ("deleting", Some(_)) => "deletion requested (deletionTimestamp set)".to_string(),
-                ("deleting", None) => "no longer deleting".to_string(),
-                ("hook", Some(_)) => "pre-terminate hook added (CAPI must wait for us)".to_string(),
-                ("hook", None) => "pre-terminate hook released".to_string(),
-                ("nodeRef", Some(node)) => format!("nodeRef -> Node {node}"),
-                ("nodeRef", None) => "nodeRef cleared".to_string(),
-                ("remediationFor", Some(v)) => format!("remediation-for {v}"),
-                ("remediationFor", None) => "remediation-for removed".to_string(),
-                (condition, Some(v)) => format!("{condition}={v}"),
-                (condition, None) => format!("{condition} condition removed"),
-            })
-        })
-        .collect()
-}
-
-async fn watch_machines(
-    api: Api<Machine>,
-    clock: Clock,
-    recorded: Arc<Mutex<Vec<(Duration, String, String)>>>,
-    synced: oneshot::Sender<()>,
-) {
-    let record = |what: &str, name: String| {
-        recorded.lock().unwrap_or_else(|p| p.into_inner()).push((
-            clock.elapsed(),
-            what.to_string(),
-            name,
-        ));
-    };
-    let mut synced = Some(synced);
-    let mut initial = true;
-    let mut known: HashMap<String, Facets> = HashMap::new();
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(watcher::Event::Init) => {}
-            Ok(watcher::Event::InitDone) => {
-                initial = false;
-                if let Some(tx) = synced.take() {
-                    let _ = tx.send(());
-                }
-            }
-            Ok(watcher::Event::InitApply(m)) if initial && synced.is_some() => {
-                known.insert(key(&m), machine_facets(&m));
-            }
-            Ok(watcher::Event::InitApply(m) | watcher::Event::Apply(m)) => {
-                let facets = machine_facets(&m);
-                let line = match known.get(&key(&m)) {
-                    None => {
-                        record(MACHINE_CREATED, m.name_any());
-                        let mut details = describe_changes(&Facets::new(), &facets);
-                        details.insert(0, "created".to_string());
-                        Some(details.join("; "))
-                    }
-                    Some(before) => {
-                        let details = describe_changes(before, &facets);
-                        (!details.is_empty()).then(|| details.join("; "))
-                    }
-                };
-                if let Some(line) = line {
-                    say(format!(
-                        "{} Machine {}: {line}",
-                        clock.stamp(),
-                        m.name_any()
-                    ));
-                }
-                known.insert(key(&m), facets);
-            }
-            Ok(watcher::Event::Delete(m)) => {
-                known.remove(&key(&m));
-                record(MACHINE_DELETED, m.name_any());
-                say(format!(
-                    "{} Machine {}: deleted (gone from the API)",
-                    clock.stamp(),
-                    m.name_any()
-                ));
-            }
-            Err(err) => tracing::debug!(%err, "machine watch"),
-        }
-    }
-}
-
-fn key(machine: &Machine) -> String {
-    format!(
-        "{}/{}",
-        machine.namespace().unwrap_or_default(),
-        machine.name_any()
-    )
 }
 
 // ---------------------------------------------------------------------------
@@ -768,41 +454,4 @@ async fn against_cluster(path: &Path) -> Result<(), DemoError> {
     drop(timeline);
     say("Stopped.");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facets(pairs: &[(&'static str, &str)]) -> Facets {
-        pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
-    }
-
-    #[test]
-    fn machine_changes_are_described_one_phrase_each() {
-        let before = facets(&[("nodeRef", "cp-1"), ("HealthCheckSucceeded", "True")]);
-        let after = facets(&[
-            ("nodeRef", "cp-1"),
-            ("HealthCheckSucceeded", "False (UnhealthyNode)"),
-            ("hook", ""),
-            ("deleting", ""),
-        ]);
-        assert_eq!(
-            describe_changes(&before, &after),
-            vec![
-                "HealthCheckSucceeded=False (UnhealthyNode)",
-                "deletion requested (deletionTimestamp set)",
-                "pre-terminate hook added (CAPI must wait for us)",
-            ]
-        );
-        assert_eq!(
-            describe_changes(&after, &before),
-            vec![
-                "HealthCheckSucceeded=True",
-                "no longer deleting",
-                "pre-terminate hook released",
-            ]
-        );
-        assert!(describe_changes(&after, &after).is_empty());
-    }
 }
