@@ -110,16 +110,20 @@ async fn ready_once_the_management_api_serves_our_kind_and_metrics_count_reconci
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Without a Cluster owning it, the controller refuses to decide and says why.
-    let status = kcps.get("cp").await.unwrap().status.unwrap_or_default();
-    let remediating = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Remediating")
-        .expect("Remediating");
-    assert!(
-        remediating.message.contains("owner reference"),
-        "{remediating:?}"
-    );
+    // The counter moves when a reconcile starts; its status lands a little later.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = kcps.get("cp").await.unwrap().status.unwrap_or_default();
+        if let Some(c) = status.conditions.iter().find(|c| c.type_ == "Remediating") {
+            assert!(c.message.contains("owner reference"), "{c:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Remediating condition: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
