@@ -426,6 +426,48 @@ fn quorum_is_checked_again_before_member_removal() {
     ));
 }
 
+/// The decision was taken some reconciles ago; a member that failed since
+/// (after record, hook and leadership move) stops the deletion itself, not
+/// only the later member removal.
+#[test]
+fn quorum_is_checked_again_before_the_machine_is_deleted() {
+    let mut view = three_machines();
+    let removal = remediation_of_m1(&view);
+    let RemovalKind::Remediation { record } = &removal.kind else {
+        unreachable!()
+    };
+    view.remediation_in_progress = Some(record.clone());
+    view.machines[0].has_our_hook = true;
+    view.machines[0].hook_member = Some(1);
+    membership(&mut view).leader = Some(3);
+    assert!(matches!(
+        next_step(&view, &removal),
+        Step::DeleteMachine { .. }
+    ));
+
+    membership(&mut view).members[1].probe_error = Some("connection refused".into());
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::QuorumAtRisk,
+        "not deleting m1 now: removing node-m1-00000001 would leave 1 of 2 voters healthy, quorum needs 2",
+    );
+
+    // A target without a member: the cluster as it stands must have quorum.
+    view.machines[0].hook_member = None;
+    view.machines[0].etcd_member = None;
+    membership(&mut view).members.retain(|m| m.id != 1);
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::QuorumAtRisk,
+        "1 of 2 voters healthy, quorum needs 2",
+    );
+    membership(&mut view).members[0].probe_error = None;
+    assert!(matches!(
+        next_step(&view, &removal),
+        Step::DeleteMachine { .. }
+    ));
+}
+
 #[test]
 fn unreadable_membership_waits_instead_of_guessing() {
     let (mut view, removal) = drained();

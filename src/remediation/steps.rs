@@ -226,6 +226,9 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
         if let Some(step) = leadership_step(view, target) {
             return step;
         }
+        if let Some(step) = deletion_guard(view, target) {
+            return step;
+        }
         return Step::DeleteMachine {
             machine: target.name.clone(),
         };
@@ -345,6 +348,30 @@ fn planned_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> 
         Ok(Some(_)) => current_member(view, target),
         _ => None,
     }
+}
+
+/// The decision to remove `target` was taken some reconciles ago (record,
+/// hook, leadership move since): before the Machine is deleted (CAPI then
+/// drains its node), check quorum again on the membership as it is now, as the
+/// member removal does. A target without a member costs nothing, but the
+/// cluster as it stands must still have quorum.
+fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step> {
+    let membership = match etcd_in_scope(view) {
+        Err(message) => return Some(wait(WaitReason::EtcdUnreachable, message)),
+        Ok(None) => return None,
+        Ok(Some(m)) => m,
+    };
+    let assessment = match current_member(view, target) {
+        Some(member) => quorum::assess_removal(&membership.members, member),
+        None => quorum::assess_cluster(&membership.members),
+    };
+    if assessment.is_safe() {
+        return None;
+    }
+    Some(wait(
+        WaitReason::QuorumAtRisk,
+        format!("not deleting {} now: {assessment}", target.name),
+    ))
 }
 
 fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step> {
