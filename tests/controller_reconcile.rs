@@ -148,3 +148,34 @@ async fn an_invalid_spec_gets_a_condition_naming_the_field_and_no_action() {
         "an InvalidSpec Event names the field: {events:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_infrastructure_reference_fails_naming_the_object_and_field() {
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let ctx = sandbox.context();
+    // Scale up with an infrastructureRef that names no template kind.
+    let patch = json!({"spec": {"replicas": 5, "machineTemplate": {"infrastructureRef": {
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachine",
+        "name": "demo-control-plane-template", "namespace": "default"}}}});
+    sandbox
+        .kcp_api()
+        .patch(KCP, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+
+    let err = reconcile(kcp(&sandbox).await, ctx.clone())
+        .await
+        .expect_err("no Machine can be cloned from a non-template kind");
+    let text = err.to_string();
+    assert!(
+        text.contains("KThreesControlPlane default/demo-control-plane")
+            && text.contains("spec.machineTemplate.infrastructureRef.kind"),
+        "{text}"
+    );
+    let machines = sandbox
+        .machines_api()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(machines.items.len(), 3, "nothing created");
+}

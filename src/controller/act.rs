@@ -85,7 +85,7 @@ pub async fn act(
                 .map_err(act_err)?;
         }
         Step::MoveLeadership { from, to } => {
-            let etcd = require_etcd(&etcd, &step_name)?;
+            let etcd = require_etcd(&etcd, world, &step_name)?;
             let started = Instant::now();
             let moved = etcd
                 .move_leader_off(*from, Some(*to))
@@ -116,7 +116,7 @@ pub async fn act(
         Step::RemoveMember {
             member, assessment, ..
         } => {
-            let etcd = require_etcd(&etcd, &step_name)?;
+            let etcd = require_etcd(&etcd, world, &step_name)?;
             let started = Instant::now();
             let removed = etcd
                 .remove_member(*member)
@@ -170,10 +170,19 @@ pub async fn act(
     Ok(outcome)
 }
 
-fn require_etcd(etcd: &Option<Arc<EtcdCluster>>, step: &str) -> Result<Arc<EtcdCluster>> {
+fn require_etcd(
+    etcd: &Option<Arc<EtcdCluster>>,
+    world: &World,
+    step: &str,
+) -> Result<Arc<EtcdCluster>> {
     etcd.clone().ok_or_else(|| Error::Precondition {
         step: step.to_string(),
-        reason: "etcd is not reachable through the <cluster>-etcd Secret".into(),
+        reason: format!(
+            "no etcd connection for Cluster {}/{} (Secret {}-etcd, keys tls.crt/tls.key, and a control-plane Node with an InternalIP are needed)",
+            world.kcp.namespace().unwrap_or_default(),
+            world.cluster_name.as_deref().unwrap_or("?"),
+            world.cluster_name.as_deref().unwrap_or("<cluster>"),
+        ),
     })
 }
 

@@ -90,13 +90,14 @@ pub async fn create_machine(
     let kcp = &world.kcp;
     let namespace = kcp.namespace().unwrap_or_default();
     let kcp_name = kcp.name_any();
+    let object = format!("KThreesControlPlane {namespace}/{kcp_name}");
     let cluster = world
         .cluster_name
         .clone()
-        .ok_or_else(|| precondition("the control plane has no Cluster"))?;
+        .ok_or_else(|| precondition(format!("{object}: no Cluster owns it (ownerReferences)")))?;
     let owner = kcp
         .controller_owner_ref(&())
-        .ok_or_else(|| precondition("the KThreesControlPlane has no uid yet"))?;
+        .ok_or_else(|| precondition(format!("{object}: metadata.uid is not set yet")))?;
     let name = machine_name(&kcp_name);
     let labels = control_plane_labels(&cluster, &kcp_name);
 
@@ -105,12 +106,31 @@ pub async fn create_machine(
         .machine_template
         .infrastructure_ref
         .as_ref()
-        .ok_or_else(|| precondition(format!("KThreesControlPlane {namespace}/{kcp_name}: spec.machineTemplate.infrastructureRef is required")))?;
+        .ok_or_else(|| {
+            precondition(format!(
+                "{object}: spec.machineTemplate.infrastructureRef is required"
+            ))
+        })?;
     let api_version = infra_ref.api_version.clone().unwrap_or_default();
     let template_kind = infra_ref.kind.clone().unwrap_or_default();
-    let (group, version) = api_version
+    // Checked before any request: the clone's kind and API come from these.
+    let Some((group, version)) = api_version
         .split_once('/')
-        .unwrap_or(("", api_version.as_str()));
+        .filter(|(g, v)| !g.is_empty() && !v.is_empty())
+    else {
+        return Err(precondition(format!(
+            "{object}: spec.machineTemplate.infrastructureRef.apiVersion: {api_version:?} is not <group>/<version>"
+        )));
+    };
+    let Some(infra_kind) = template_kind
+        .strip_suffix("Template")
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+    else {
+        return Err(precondition(format!(
+            "{object}: spec.machineTemplate.infrastructureRef.kind: {template_kind:?} does not name a template (<Kind>Template)"
+        )));
+    };
     let template_api =
         ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &template_kind));
     let template_ns = infra_ref
@@ -129,14 +149,6 @@ pub async fn create_machine(
             ),
             source,
         })?;
-    let infra_kind = template_kind
-        .strip_suffix("Template")
-        .ok_or_else(|| {
-            precondition(format!(
-                "infrastructureRef kind {template_kind} does not end in Template"
-            ))
-        })?
-        .to_string();
     let infra_api = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &infra_kind));
     let infra: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &namespace, &infra_api);
