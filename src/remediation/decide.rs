@@ -375,12 +375,7 @@ fn initialized_preflight(view: &ControlPlaneView, target: &MachineView) -> Optio
             ),
         ));
     }
-    let deleting: Vec<&str> = view
-        .machines
-        .iter()
-        .filter(|m| m.is_deleting())
-        .map(|m| m.name.as_str())
-        .collect();
+    let deleting = view.deleting_machine_names();
     if !deleting.is_empty() {
         return Some((
             Rule::MachineDeleting,

@@ -266,6 +266,15 @@ impl ControlPlaneView {
         self.machines.iter().find(|m| m.name == name)
     }
 
+    /// Names of the machines being deleted (`deletionTimestamp` set).
+    pub fn deleting_machine_names(&self) -> Vec<&str> {
+        self.machines
+            .iter()
+            .filter(|m| m.is_deleting())
+            .map(|m| m.name.as_str())
+            .collect()
+    }
+
     pub fn membership(&self) -> Option<&Membership> {
         match &self.etcd {
             EtcdState::Observed(m) => Some(m),

@@ -233,12 +233,7 @@ pub fn decide_scale_down(view: &ControlPlaneView) -> ScaleDownDecision {
             ),
         };
     };
-    let deleting: Vec<&str> = view
-        .machines
-        .iter()
-        .filter(|m| m.is_deleting())
-        .map(|m| m.name.as_str())
-        .collect();
+    let deleting = view.deleting_machine_names();
     if !deleting.is_empty() {
         return ScaleDownDecision::Wait {
             rule: ScaleDownRule::MachineDeleting,

@@ -167,19 +167,7 @@ impl Store {
             self.finish_namespace(st, &key.0);
         }
         if (res.group.as_str(), res.plural.as_str()) == NAMESPACES {
-            let ns = key.1.clone();
-            let inside: Vec<(ResKey, ObjKey)> = st
-                .objects
-                .iter()
-                .flat_map(|(r, m)| {
-                    m.keys()
-                        .filter(|k| k.0 == ns)
-                        .map(move |k| (r.clone(), k.clone()))
-                })
-                .collect();
-            for (r, k) in inside {
-                self.delete_object(st, &r, &k, Propagation::Background);
-            }
+            self.delete_namespace_content(st, &key.1);
         }
         last
     }
@@ -200,6 +188,18 @@ impl Store {
             .or_default()
             .insert(key.clone(), marked.clone());
         self.record(st, ns_key(), EventType::Modified, marked.clone(), Some(obj));
+        self.delete_namespace_content(st, &ns);
+        self.finish_namespace(st, &ns);
+        st.objects
+            .get(&ns_key())
+            .and_then(|m| m.get(key))
+            .cloned()
+            .unwrap_or(marked)
+    }
+
+    /// Remove a terminating Namespace once it is empty and has no finalizers left.
+    /// Delete every object in namespace `ns` (finalizers respected).
+    fn delete_namespace_content(&self, st: &mut State, ns: &str) {
         let inside: Vec<(ResKey, ObjKey)> = st
             .objects
             .iter()
@@ -212,15 +212,8 @@ impl Store {
         for (r, k) in inside {
             self.delete_object(st, &r, &k, Propagation::Background);
         }
-        self.finish_namespace(st, &ns);
-        st.objects
-            .get(&ns_key())
-            .and_then(|m| m.get(key))
-            .cloned()
-            .unwrap_or(marked)
     }
 
-    /// Remove a terminating Namespace once it is empty and has no finalizers left.
     fn finish_namespace(&self, st: &mut State, ns: &str) {
         let key = (String::new(), ns.to_string());
         let Some(namespace) = st.objects.get(&ns_key()).and_then(|m| m.get(&key)).cloned() else {
