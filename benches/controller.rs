@@ -32,7 +32,9 @@ use k3s_control_plane::api::names::{
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
 use k3s_control_plane::controller::status::ETCD_CLUSTER_HEALTHY;
-use k3s_control_plane::harness::sandbox::{KCP, Sandbox, VERSION, management_server};
+use k3s_control_plane::harness::sandbox::{
+    KCP, Sandbox, VERSION, cluster_object, kcp_object, management_server, mark_initialized,
+};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
@@ -411,53 +413,21 @@ async fn add_cluster(management: &kube::Client, i: usize) -> TestApiServer {
 
     let clusters: Api<k3s_control_plane::api::Cluster> =
         Api::namespaced(management.clone(), NAMESPACE);
-    let object = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": cluster, "namespace": NAMESPACE},
-        "spec": {
-            "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KThreesControlPlane", "name": kcp_name},
-            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": cluster}
-        }
-    }))
-    .expect("Cluster");
+    let object = cluster_object(&cluster, &kcp_name);
     let created_cluster = clusters
         .create(&PostParams::default(), &object)
         .await
         .expect("create Cluster");
 
     let kcps: Api<KThreesControlPlane> = Api::namespaced(management.clone(), NAMESPACE);
-    let object: KThreesControlPlane = serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
-        "metadata": {
-            "name": kcp_name, "namespace": NAMESPACE,
-            "labels": {CLUSTER_NAME_LABEL: cluster},
-            "ownerReferences": [{
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": cluster,
-                "uid": created_cluster.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
-            }]
-        },
-        "spec": {
-            "replicas": 3, "version": VERSION,
-            "machineTemplate": {"infrastructureRef": {
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
-                "name": format!("{kcp_name}-template"), "namespace": NAMESPACE
-            }},
-            "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}}
-        }
-    }))
-    .expect("KThreesControlPlane");
+    let object = kcp_object(&kcp_name, &created_cluster, 3);
     let kcp = kcps
         .create(&PostParams::default(), &object)
         .await
         .expect("create KThreesControlPlane");
-    let initialized = json!({"status": {"initialized": true, "initialization": {"controlPlaneInitialized": true}}});
-    kcps.patch_status(
-        &kcp_name,
-        &PatchParams::default(),
-        &Patch::Merge(&initialized),
-    )
-    .await
-    .expect("initialize KThreesControlPlane");
+    mark_initialized(&kcps, &kcp_name)
+        .await
+        .expect("initialize KThreesControlPlane");
 
     let owner = kcp.controller_owner_ref(&()).expect("KCP uid");
     let machines: Api<Machine> = Api::namespaced(management.clone(), NAMESPACE);

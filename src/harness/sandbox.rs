@@ -93,6 +93,58 @@ pub async fn management_server() -> Result<TestApiServer, SandboxError> {
         .map_err(|e| SandboxError(format!("management API server: {e}")))
 }
 
+/// A `Cluster` whose control plane is the KThreesControlPlane `kcp`.
+pub fn cluster_object(name: &str, kcp: &str) -> Cluster {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KThreesControlPlane", "name": kcp},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": name}
+        }
+    }))
+    .expect("a well-formed Cluster")
+}
+
+/// A KThreesControlPlane owned by `cluster` (as created, with its uid), with
+/// `replicas` machines cloned from `<name>-template`.
+pub fn kcp_object(name: &str, cluster: &Cluster, replicas: i32) -> KThreesControlPlane {
+    let cluster_name = cluster.name_any();
+    serde_json::from_value(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "metadata": {
+            "name": name, "namespace": NAMESPACE,
+            "labels": {CLUSTER_NAME_LABEL: cluster_name},
+            "ownerReferences": [{
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": cluster_name,
+                "uid": cluster.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "spec": {
+            "replicas": replicas, "version": VERSION,
+            "machineTemplate": {"infrastructureRef": {
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
+                "name": format!("{name}-template"), "namespace": NAMESPACE
+            }},
+            "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}},
+            "remediationStrategy": {"minHealthyPeriod": "1h"}
+        }
+    }))
+    .expect("a well-formed KThreesControlPlane")
+}
+
+/// Mark a control plane initialized, as its first server joining would.
+pub async fn mark_initialized(
+    kcps: &Api<KThreesControlPlane>,
+    name: &str,
+) -> Result<(), SandboxError> {
+    let status = json!({"status": {"initialized": true, "initialization": {"controlPlaneInitialized": true}}});
+    kcps.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(err("initialize KThreesControlPlane status"))?;
+    Ok(())
+}
+
 /// The running controller, stoppable (a clean shutdown) or abortable (a crash).
 pub struct ControllerHandle {
     pub ctx: Arc<Context>,
@@ -215,15 +267,7 @@ impl Sandbox {
             .map_err(err("create etcd CA Secret"))?;
 
         let clusters: Api<Cluster> = Api::namespaced(client.clone(), NAMESPACE);
-        let cluster: Cluster = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
-            "spec": {
-                "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KThreesControlPlane", "name": KCP},
-                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": CLUSTER}
-            }
-        }))
-        .map_err(|e| SandboxError(format!("Cluster object: {e}")))?;
+        let cluster = cluster_object(CLUSTER, KCP);
         let cluster = clusters
             .create(&PostParams::default(), &cluster)
             .await
@@ -241,35 +285,12 @@ impl Sandbox {
             .map_err(err("create DockerMachineTemplate"))?;
 
         let kcps = self.kcp_api();
-        let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
-            "metadata": {
-                "name": KCP, "namespace": NAMESPACE,
-                "labels": {CLUSTER_NAME_LABEL: CLUSTER},
-                "ownerReferences": [{
-                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": CLUSTER,
-                    "uid": cluster.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
-                }]
-            },
-            "spec": {
-                "replicas": members, "version": VERSION,
-                "machineTemplate": {"infrastructureRef": {
-                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
-                    "name": format!("{KCP}-template"), "namespace": NAMESPACE
-                }},
-                "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}},
-                "remediationStrategy": {"minHealthyPeriod": "1h"}
-            }
-        }))
-        .map_err(|e| SandboxError(format!("KThreesControlPlane object: {e}")))?;
+        let kcp = kcp_object(KCP, &cluster, members as i32);
         let kcp = kcps
             .create(&PostParams::default(), &kcp)
             .await
             .map_err(err("create KThreesControlPlane"))?;
-        let status = json!({"status": {"initialized": true, "initialization": {"controlPlaneInitialized": true}}});
-        kcps.patch_status(KCP, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .map_err(err("initialize KThreesControlPlane status"))?;
+        mark_initialized(&kcps, KCP).await?;
 
         for i in 0..members {
             let member = self.etcd.member(i);
