@@ -9,6 +9,7 @@
 //! - [`api`]: our CRDs, the CAPI and bootstrap types we read and write, validation.
 //! - [`workload`]: access to a workload cluster (kubeconfig and etcd CA Secrets, Nodes).
 //! - [`remediation`]: the pure decision (which machine, which rule) and its steps.
+//! - [`lifecycle`]: pure lifecycle decisions (teardown, pause, cluster Secrets, mixed management).
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
 //! - [`apiserver`]: an in-process Kubernetes API server for tests and the demo.
 //! - [`harness`]: local real-etcd clusters with a k3s-like PKI (tests and demo).
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod controller;
 pub mod etcd;
 pub mod harness;
+pub mod lifecycle;
 pub mod membership;
 pub mod quorum;
 pub mod remediation;

@@ -34,8 +34,27 @@ pub struct ClusterSpec {
     pub infrastructure_ref: Option<ContractVersionedObjectReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Where the workload API server is reached (set by the infrastructure provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ApiEndpoint>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// `spec.controlPlaneEndpoint`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ApiEndpoint {
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub port: i32,
+}
+
+impl ApiEndpoint {
+    /// Set and usable: a host and a port in range (CAPI's `IsValid`).
+    pub fn is_valid(&self) -> bool {
+        !self.host.is_empty() && self.port > 0 && self.port <= 65535
+    }
 }
 
 /// Cluster status (subset).
@@ -98,6 +117,38 @@ pub struct ClusterV1Beta1DeprecatedStatus {
 }
 
 impl Cluster {
+    /// `spec.controlPlaneEndpoint`, when set and valid.
+    pub fn control_plane_endpoint(&self) -> Option<&ApiEndpoint> {
+        self.spec
+            .control_plane_endpoint
+            .as_ref()
+            .filter(|e| e.is_valid())
+    }
+
+    /// `status.initialization.infrastructureProvisioned` (v1beta2), or the
+    /// v1beta1 `status.infrastructureReady` an older CAPI writes.
+    pub fn infrastructure_provisioned(&self) -> bool {
+        let Some(status) = self.status.as_ref() else {
+            return false;
+        };
+        status
+            .initialization
+            .as_ref()
+            .and_then(|i| i.infrastructure_provisioned)
+            .or_else(|| {
+                status
+                    .extra
+                    .get("infrastructureReady")
+                    .and_then(Value::as_bool)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Whether the Cluster is being deleted.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
     /// Whether CAPI reports the control plane initialized (v1beta2 contract).
     pub fn control_plane_initialized(&self) -> bool {
         self.status

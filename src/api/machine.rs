@@ -40,8 +40,34 @@ pub struct MachineSpec {
     pub version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+    /// Drain, volume-detach and Node-deletion timeouts (v1beta2, in seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<MachineDeletionSpec>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// `spec.deletion` of a v1beta2 Machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeletionSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drain_timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_volume_detach_timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_deletion_timeout_seconds: Option<i32>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+impl MachineDeletionSpec {
+    pub fn is_empty(&self) -> bool {
+        self.node_drain_timeout_seconds.is_none()
+            && self.node_volume_detach_timeout_seconds.is_none()
+            && self.node_deletion_timeout_seconds.is_none()
+            && self.extra.is_empty()
+    }
 }
 
 /// `spec.bootstrap`.

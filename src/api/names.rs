@@ -50,6 +50,12 @@ pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.c
 pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
     "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
 
+/// On any CAPI object: reconcile nothing while present (as `Cluster.spec.paused`).
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// Our finalizer on the KThreesControlPlane (cluster-api-k3s's name, so objects
+/// it created are taken over as they are).
+pub const KCP_FINALIZER: &str = "kthrees.controlplane.cluster.x-k8s.io";
+
 // --- k3s Node labels and annotations --------------------------------------------
 
 /// Exact etcd member name of the Node, written by k3s.
