@@ -11,6 +11,7 @@
 //! - [`ca`]: generate a CA, validate one read from a Secret (any PEM key form:
 //!   PKCS#8, SEC1 EC as k3s writes it, PKCS#1 RSA as upstream writes it), issue
 //!   client certificates.
+//! - [`kubeconfig`]: the admin kubeconfig, what is in it, when to rotate it.
 //!
 //! Errors name what was being read (e.g. `default/demo-ca[tls.key]`) and never
 //! contain key material; [`CertKeyPem`]'s `Debug` redacts the key.
@@ -19,8 +20,13 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod ca;
+pub mod kubeconfig;
 
 pub use ca::{CA_LIFETIME, ca_common_name, generate_ca, issue_client_cert, not_after, validate_ca};
+pub use kubeconfig::{
+    ADMIN_COMMON_NAME, ADMIN_ORGANIZATION, KubeconfigPolicy, admin_kubeconfig, endpoint_url,
+    kubeconfig_client_not_after, kubeconfig_server,
+};
 
 /// Common-name prefix of the server CA (`k3s-server-ca@<unix ts>`), as k3s names it.
 pub const SERVER_CA_NAME: &str = "k3s-server-ca";
