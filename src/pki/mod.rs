@@ -12,6 +12,8 @@
 //!   PKCS#8, SEC1 EC as k3s writes it, PKCS#1 RSA as upstream writes it), issue
 //!   client certificates.
 //! - [`kubeconfig`]: the admin kubeconfig, what is in it, when to rotate it.
+//! - [`token`]: the join token.
+//! - [`secret`]: the Secret objects.
 //!
 //! Errors name what was being read (e.g. `default/demo-ca[tls.key]`) and never
 //! contain key material; [`CertKeyPem`]'s `Debug` redacts the key.
@@ -21,12 +23,19 @@ use std::time::Duration;
 
 pub mod ca;
 pub mod kubeconfig;
+pub mod secret;
+pub mod token;
 
 pub use ca::{CA_LIFETIME, ca_common_name, generate_ca, issue_client_cert, not_after, validate_ca};
 pub use kubeconfig::{
     ADMIN_COMMON_NAME, ADMIN_ORGANIZATION, KubeconfigPolicy, admin_kubeconfig, endpoint_url,
     kubeconfig_client_not_after, kubeconfig_server,
 };
+pub use secret::{
+    ca_from_secret, ca_secret, client_ca_secret_name, cluster_secret, kubeconfig_secret,
+    server_ca_secret_name, token_secret, token_secret_name,
+};
+pub use token::generate_token;
 
 /// Common-name prefix of the server CA (`k3s-server-ca@<unix ts>`), as k3s names it.
 pub const SERVER_CA_NAME: &str = "k3s-server-ca";
