@@ -8,6 +8,7 @@
 //! - [`quorum`]: pure safety arithmetic on the real membership.
 //! - [`api`]: our CRDs, the CAPI and bootstrap types we read and write, validation.
 //! - [`workload`]: access to a workload cluster (kubeconfig and etcd CA Secrets, Nodes).
+//! - [`pki`]: pure generation of the cluster Secrets (CAs, join token, admin kubeconfig).
 //! - [`remediation`]: the pure decision (which machine, which rule) and its steps.
 //! - [`lifecycle`]: pure lifecycle decisions (teardown, pause, cluster Secrets, mixed management).
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
@@ -22,6 +23,7 @@ pub mod etcd;
 pub mod harness;
 pub mod lifecycle;
 pub mod membership;
+pub mod pki;
 pub mod quorum;
 pub mod remediation;
 pub mod workload;

@@ -79,6 +79,14 @@ pub const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 pub const KUBECONFIG_SECRET_KEY: &str = "value";
 /// Suffix of the etcd CA Secret (`<cluster>-etcd`).
 pub const ETCD_CA_SECRET_SUFFIX: &str = "-etcd";
+/// Suffix of the server (cluster) CA Secret (`<cluster>-ca`).
+pub const SERVER_CA_SECRET_SUFFIX: &str = "-ca";
+/// Suffix of the client CA Secret (`<cluster>-cca`).
+pub const CLIENT_CA_SECRET_SUFFIX: &str = "-cca";
+/// Suffix of the join token Secret (`<cluster>-token`).
+pub const TOKEN_SECRET_SUFFIX: &str = "-token";
+/// Key of the join token in its Secret.
+pub const TOKEN_SECRET_KEY: &str = "value";
 /// Certificate key of a TLS Secret.
 pub const TLS_CERT_KEY: &str = "tls.crt";
 /// Private key of a TLS Secret.
