@@ -100,7 +100,9 @@ async fn member_without_machine_counts_for_quorum() {
         .patch(
             &sandbox.machines[unowned],
             &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"ownerReferences": null}})),
+            // Not a Machine of this Cluster any more (an unowned control-plane
+            // Machine of the Cluster would be mixed management, refused).
+            &Patch::Merge(&json!({"metadata": {"ownerReferences": null, "labels": {"cluster.x-k8s.io/cluster-name": null}}})),
         )
         .await
         .unwrap();

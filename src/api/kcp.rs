@@ -129,6 +129,12 @@ pub struct KThreesControlPlaneStatus {
     pub updated_replicas: i32,
     #[serde(default)]
     pub ready_replicas: i32,
+    /// Machines whose Node is ready (v1beta2 contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_replicas: Option<i32>,
+    /// Machines with the desired spec (v1beta2 contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_replicas: Option<i32>,
     #[serde(default)]
     pub unavailable_replicas: i32,
     /// Lowest k3s version among the machines.
@@ -177,9 +183,16 @@ pub struct DeprecatedStatus {
 
 /// `status.deprecated.v1beta1`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct V1Beta1DeprecatedStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<V1Beta1Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_replicas: Option<i32>,
 }
 
 impl KThreesControlPlane {

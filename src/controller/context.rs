@@ -11,6 +11,7 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use super::etcd_pool::EtcdPool;
 use super::metrics::Metrics;
+use crate::pki::KubeconfigPolicy;
 use crate::workload::WorkloadCache;
 
 /// Tunables; the defaults suit production, tests shorten them.
@@ -23,6 +24,8 @@ pub struct Settings {
     /// First and largest delay after a failed reconcile.
     pub error_backoff_min: Duration,
     pub error_backoff_max: Duration,
+    /// Lifetime and renewal of the admin kubeconfigs we generate.
+    pub kubeconfig: KubeconfigPolicy,
 }
 
 impl Default for Settings {
@@ -32,6 +35,7 @@ impl Default for Settings {
             idle_requeue: Duration::from_secs(60),
             error_backoff_min: Duration::from_secs(1),
             error_backoff_max: Duration::from_secs(300),
+            kubeconfig: KubeconfigPolicy::default(),
         }
     }
 }
@@ -46,6 +50,10 @@ pub struct Context {
     pub settings: Settings,
     /// Consecutive failures per object (namespace/name); reset on success.
     failures: Mutex<HashMap<String, usize>>,
+    /// Infrastructure templates already given their Cluster owner reference
+    /// (`<namespace>/<kind>/<name>@<cluster uid>`), so it is checked once per
+    /// process, not read on every reconcile.
+    pub template_owners: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Context {
@@ -62,6 +70,7 @@ impl Context {
             etcd,
             settings,
             failures: Mutex::new(HashMap::new()),
+            template_owners: Mutex::new(Default::default()),
         })
     }
 

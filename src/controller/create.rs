@@ -11,7 +11,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::api::machine::{Bootstrap, MachineSpec};
+use crate::api::machine::{Bootstrap, MachineDeletionSpec, MachineSpec};
 use crate::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, REMEDIATION_FOR_ANNOTATION,
 };
@@ -72,11 +72,106 @@ pub fn pick_failure_domain(world: &World) -> Option<String> {
         .map(|fd| fd.to_string())
 }
 
+/// `spec.deletion` of a new Machine from the control plane's
+/// `machineTemplate.node*Timeout` (Go durations; v1beta2 Machines take seconds).
+pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<MachineDeletionSpec> {
+    let t = &kcp.spec.machine_template;
+    let seconds = |d: &Option<crate::api::refs::GoDuration>| {
+        d.as_ref()
+            .and_then(|d| d.non_negative())
+            .map(|d| d.as_secs().min(i32::MAX as u64) as i32)
+    };
+    let spec = MachineDeletionSpec {
+        node_drain_timeout_seconds: seconds(&t.node_drain_timeout),
+        node_volume_detach_timeout_seconds: seconds(&t.node_volume_detach_timeout),
+        node_deletion_timeout_seconds: seconds(&t.node_deletion_timeout),
+        ..MachineDeletionSpec::default()
+    };
+    (!spec.is_empty()).then_some(spec)
+}
+
 fn precondition(reason: impl Into<String>) -> Error {
     Error::Precondition {
         step: STEP.into(),
         reason: reason.into(),
     }
+}
+
+/// Give the infrastructure template a (non-controller) owner reference to the
+/// Cluster, as cluster-api-k3s and KCP do, so it goes with the Cluster and
+/// `clusterctl move` carries it along. Checked once per process per template.
+pub async fn ensure_template_owner(ctx: &Context, world: &World) -> Result<()> {
+    let Some(cluster) = world.cluster.as_ref() else {
+        return Ok(());
+    };
+    let Some(infra_ref) = world.kcp.spec.machine_template.infrastructure_ref.as_ref() else {
+        return Ok(());
+    };
+    let (Some(api_version), Some(kind), Some(name)) = (
+        infra_ref.api_version.as_deref(),
+        infra_ref.kind.as_deref(),
+        infra_ref.name.as_deref(),
+    ) else {
+        return Ok(());
+    };
+    let Some((group, version)) = api_version.split_once('/') else {
+        return Ok(());
+    };
+    if !kind.ends_with("Template") {
+        return Ok(());
+    }
+    let namespace = infra_ref
+        .namespace
+        .clone()
+        .unwrap_or_else(|| world.kcp.namespace().unwrap_or_default());
+    let cluster_uid = cluster.uid().unwrap_or_default();
+    let memo = format!("{namespace}/{kind}/{name}@{cluster_uid}");
+    if ctx
+        .template_owners
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&memo)
+    {
+        return Ok(());
+    }
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
+    let step = format!("{STEP}: own infrastructure template {kind} {namespace}/{name}");
+    let Some(template) = api.get_opt(name).await.map_err(|source| Error::Act {
+        step: step.clone(),
+        source,
+    })?
+    else {
+        // Creating a Machine names the missing template; nothing to own yet.
+        return Ok(());
+    };
+    let mut owners = template.owner_references().to_vec();
+    if !owners.iter().any(|o| o.uid == cluster_uid) {
+        owners.push(OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Cluster".into(),
+            name: cluster.name_any(),
+            uid: cluster_uid.clone(),
+            controller: None,
+            block_owner_deletion: None,
+        });
+        let patch = json!({"metadata": {
+            "resourceVersion": template.resource_version(),
+            "ownerReferences": owners,
+        }});
+        api.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| Error::Act { step, source })?;
+    }
+    ctx.template_owners
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(memo);
+    Ok(())
 }
 
 /// Creates the infrastructure clone, the KThreesConfig and the Machine; returns
@@ -239,6 +334,7 @@ pub async fn create_machine(
             },
             version: Some(kcp.spec.version.clone()),
             failure_domain: pick_failure_domain(world),
+            deletion: deletion_timeouts(kcp),
             ..MachineSpec::default()
         },
         status: None,

@@ -3,7 +3,10 @@
 //! metrics and probe endpoints.
 
 pub mod act;
+pub mod apply_lifecycle;
+pub mod cluster_secrets;
 pub mod context;
+pub mod contract_conditions;
 pub mod create;
 pub mod error;
 pub mod etcd_pool;

@@ -12,10 +12,13 @@ use kube::{Api, ResourceExt};
 use crate::api::names::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
 use crate::api::{Cluster, KThreesControlPlane, Machine};
 use crate::etcd::EtcdCluster;
+use crate::lifecycle::CaPurpose;
+use crate::pki;
 use crate::workload::nodes::list_control_plane_nodes;
 use crate::workload::secrets::etcd_access_from_secret;
 use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess};
 
+use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::etcd_pool::{EtcdCaPem, PoolKey};
@@ -31,15 +34,26 @@ pub fn cluster_name(kcp: &KThreesControlPlane) -> Option<String> {
         .or_else(|| kcp.labels().get(CLUSTER_NAME_LABEL).cloned())
 }
 
-/// The control-plane Machines `kcp` owns (controller owner reference by uid).
-pub async fn owned_machines(
+/// The Cluster's Machines, split by who manages them.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMachines {
+    /// Control-plane Machines `kcp` controls (owner reference by uid), by name.
+    pub owned: Vec<Machine>,
+    /// Control-plane Machines of the Cluster controlled by anything else.
+    pub foreign: Vec<String>,
+    /// Machines of the Cluster without the control-plane label.
+    pub workers: Vec<String>,
+}
+
+/// List the Cluster's Machines once and split them.
+pub async fn cluster_machines(
     client: &kube::Client,
     kcp: &KThreesControlPlane,
     cluster: &str,
-) -> Result<Vec<Machine>> {
+) -> Result<ClusterMachines> {
     let namespace = kcp.namespace().unwrap_or_default();
     let api: Api<Machine> = Api::namespaced(client.clone(), &namespace);
-    let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
+    let selector = format!("{CLUSTER_NAME_LABEL}={cluster}");
     let list = api
         .list(&ListParams::default().labels(&selector))
         .await
@@ -48,17 +62,33 @@ pub async fn owned_machines(
             source,
         })?;
     let uid = kcp.uid();
-    let mut machines: Vec<Machine> = list
-        .items
-        .into_iter()
-        .filter(|m| {
-            m.owner_references()
-                .iter()
-                .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
-        })
-        .collect();
-    machines.sort_by_key(|m| m.name_any());
-    Ok(machines)
+    let mut split = ClusterMachines::default();
+    for machine in list.items {
+        if !machine.labels().contains_key(CONTROL_PLANE_LABEL) {
+            split.workers.push(machine.name_any());
+        } else if machine
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+        {
+            split.owned.push(machine);
+        } else {
+            split.foreign.push(machine.name_any());
+        }
+    }
+    split.owned.sort_by_key(|m| m.name_any());
+    split.foreign.sort();
+    split.workers.sort();
+    Ok(split)
+}
+
+/// The control-plane Machines `kcp` owns (controller owner reference by uid).
+pub async fn owned_machines(
+    client: &kube::Client,
+    kcp: &KThreesControlPlane,
+    cluster: &str,
+) -> Result<Vec<Machine>> {
+    Ok(cluster_machines(client, kcp, cluster).await?.owned)
 }
 
 /// The client URLs to start talking to etcd from: each control-plane Node's
@@ -75,22 +105,49 @@ pub async fn observe(
     ctx: &Context,
     kcp: KThreesControlPlane,
 ) -> Result<(World, Option<Arc<EtcdCluster>>)> {
+    let (mut world, secrets) = observe_management(ctx, kcp).await?;
+    let etcd = observe_workload(ctx, &mut world, &secrets).await?;
+    Ok((world, etcd))
+}
+
+const NOT_READ: &str = "not read: the lifecycle did not get this far";
+
+/// Read the management cluster's side only (Cluster, Machines, Secrets): what
+/// the lifecycle decides on. The workload cluster and etcd are left "not read".
+pub async fn observe_management(
+    ctx: &Context,
+    kcp: KThreesControlPlane,
+) -> Result<(World, ClusterSecretObjects)> {
     let namespace = kcp.namespace().unwrap_or_default();
     let now = chrono::Utc::now();
+    let unread = || {
+        (
+            WorkloadState::Unavailable {
+                reason: NOT_READ.into(),
+            },
+            EtcdObservation::Unreachable {
+                reason: NOT_READ.into(),
+            },
+        )
+    };
     let Some(cluster_name) = cluster_name(&kcp) else {
         let reason = "no Cluster owns this control plane yet".to_string();
+        let secrets = crate::lifecycle::SecretsView::unobserved("", kcp.etcd_is_embedded(), now);
         let world = World {
             kcp,
             cluster_name: None,
             cluster: None,
             machines: vec![],
+            foreign_machines: vec![],
+            workers: vec![],
+            secrets,
             workload: WorkloadState::Unavailable {
                 reason: reason.clone(),
             },
             etcd: EtcdObservation::Unreachable { reason },
             now,
         };
-        return Ok((world, None));
+        return Ok((world, ClusterSecretObjects::default()));
     };
     let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let cluster = clusters
@@ -100,12 +157,56 @@ pub async fn observe(
             context: format!("get Cluster {namespace}/{cluster_name}"),
             source,
         })?;
-    let machines = owned_machines(&ctx.client, &kcp, &cluster_name).await?;
-
-    let key = ClusterKey::new(&namespace, &cluster_name);
+    let machines = cluster_machines(&ctx.client, &kcp, &cluster_name).await?;
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secrets = ClusterSecrets::read(&secrets_api, &key).await?;
-    let workload = match ctx.workloads.get(&key, &secrets).await {
+    let objects = ClusterSecretObjects::read(&secrets_api, &namespace, &cluster_name).await?;
+    let endpoint = cluster
+        .as_ref()
+        .and_then(Cluster::control_plane_endpoint)
+        .map(|e| pki::endpoint_url(&e.host, e.port as u16));
+    let secrets = secrets_view(
+        &kcp,
+        &cluster_name,
+        &objects,
+        endpoint,
+        &ctx.settings.kubeconfig,
+        now,
+    );
+    let (workload, etcd) = unread();
+    Ok((
+        World {
+            kcp,
+            cluster_name: Some(cluster_name),
+            cluster,
+            machines: machines.owned,
+            foreign_machines: machines.foreign,
+            workers: machines.workers,
+            secrets,
+            workload,
+            etcd,
+            now,
+        },
+        objects,
+    ))
+}
+
+/// Read the workload cluster (its control-plane Nodes, through the
+/// kubeconfig Secret) and the real etcd membership into `world`.
+pub async fn observe_workload(
+    ctx: &Context,
+    world: &mut World,
+    objects: &ClusterSecretObjects,
+) -> Result<Option<Arc<EtcdCluster>>> {
+    let Some(cluster_name) = world.cluster_name.clone() else {
+        return Ok(None);
+    };
+    let namespace = world.kcp.namespace().unwrap_or_default();
+    let key = ClusterKey::new(&namespace, &cluster_name);
+    let secrets = ClusterSecrets {
+        kubeconfig: objects.kubeconfig.clone(),
+        etcd: objects.etcd_ca.clone(),
+    };
+    world.workload = match ctx.workloads.get(&key, &secrets).await {
         Ok(access) => match list_control_plane_nodes(&access.client, &key.to_string()).await {
             Ok(nodes) => WorkloadState::Nodes(nodes),
             Err(err) => WorkloadState::Unavailable {
@@ -116,74 +217,79 @@ pub async fn observe(
             reason: err.to_string(),
         },
     };
-
-    // A bad etcd Secret is an error naming it, never "not managed".
-    let (etcd, handle) = match etcd_access_from_secret(secrets.etcd.as_ref())? {
-        EtcdAccess::NotManaged => (EtcdObservation::NotManaged, None),
-        EtcdAccess::Managed(ca) => {
-            let nodes = match &workload {
-                WorkloadState::Nodes(nodes) => nodes.as_slice(),
-                WorkloadState::Unavailable { .. } => &[],
-            };
-            let seeds = etcd_seeds(nodes);
-            let secret = secrets.etcd.as_ref().expect("managed etcd has a Secret");
-            let secret_name = format!("{namespace}/{}", secret.name_any());
-            let version = format!(
-                "{}/{}",
-                secret.uid().unwrap_or_default(),
-                secret.resource_version().unwrap_or_default()
-            );
-            let pem = EtcdCaPem {
-                cert_field: &format!("{secret_name}[tls.crt]"),
-                cert: ca.cert_pem().as_bytes(),
-                key_field: &format!("{secret_name}[tls.key]"),
-                key: ca.key_pem().as_bytes(),
-                secret_version: &version,
-            };
-            let pool_key = PoolKey {
-                namespace: namespace.clone(),
-                cluster: cluster_name.clone(),
-            };
-            match ctx.etcd.get(&pool_key, &pem, &seeds) {
-                Err(err) => {
-                    let reason = match &workload {
-                        WorkloadState::Unavailable { reason } if seeds.is_empty() => {
-                            format!("no etcd endpoint: workload cluster unavailable: {reason}")
-                        }
-                        _ if seeds.is_empty() => {
-                            "no control-plane Node with an InternalIP to reach etcd at".to_string()
-                        }
-                        _ => err.to_string(),
-                    };
-                    (EtcdObservation::Unreachable { reason }, None)
+    let workload = &world.workload;
+    if !world.kcp.etcd_is_embedded() {
+        world.etcd = EtcdObservation::NotManaged;
+        return Ok(None);
+    }
+    let etcd_secret = format!("{namespace}/{}", CaPurpose::Etcd.secret_name(&cluster_name));
+    // Embedded etcd without usable credentials is unknown, never "not managed".
+    let unknown = |why: String| EtcdObservation::NoCredentials {
+        reason: format!(
+            "{why}: the etcd membership is unknown, so no member is removed and no Machine deleted"
+        ),
+    };
+    let Some(secret) = secrets.etcd.as_ref() else {
+        world.etcd = unknown(format!("Secret {etcd_secret} not found"));
+        return Ok(None);
+    };
+    let ca = match etcd_access_from_secret(Some(secret)) {
+        Ok(EtcdAccess::Managed(ca)) => ca,
+        Ok(EtcdAccess::NotManaged) => unreachable!("a present Secret is never NotManaged"),
+        Err(err) => {
+            world.etcd = unknown(err.to_string());
+            return Ok(None);
+        }
+    };
+    let nodes = match workload {
+        WorkloadState::Nodes(nodes) => nodes.as_slice(),
+        WorkloadState::Unavailable { .. } => &[],
+    };
+    let seeds = etcd_seeds(nodes);
+    let version = format!(
+        "{}/{}",
+        secret.uid().unwrap_or_default(),
+        secret.resource_version().unwrap_or_default()
+    );
+    let pem = EtcdCaPem {
+        cert_field: &format!("{etcd_secret}[tls.crt]"),
+        cert: ca.cert_pem().as_bytes(),
+        key_field: &format!("{etcd_secret}[tls.key]"),
+        key: ca.key_pem().as_bytes(),
+        secret_version: &version,
+    };
+    let pool_key = PoolKey {
+        namespace: namespace.clone(),
+        cluster: cluster_name.clone(),
+    };
+    let (etcd, handle) = match ctx.etcd.get(&pool_key, &pem, &seeds) {
+        Err(err) => {
+            let reason = match workload {
+                WorkloadState::Unavailable { reason } if seeds.is_empty() => {
+                    format!("no etcd endpoint: workload cluster unavailable: {reason}")
                 }
-                Ok(handle) => {
-                    let started = Instant::now();
-                    let snapshot = handle.snapshot().await;
-                    ctx.metrics.etcd_operation("snapshot", started.elapsed());
-                    match snapshot {
-                        Ok(s) => (EtcdObservation::Observed(s), Some(handle)),
-                        Err(err) => (
-                            EtcdObservation::Unreachable {
-                                reason: err.to_string(),
-                            },
-                            Some(handle),
-                        ),
-                    }
+                _ if seeds.is_empty() => {
+                    "no control-plane Node with an InternalIP to reach etcd at".to_string()
                 }
+                _ => err.to_string(),
+            };
+            (EtcdObservation::Unreachable { reason }, None)
+        }
+        Ok(handle) => {
+            let started = Instant::now();
+            let snapshot = handle.snapshot().await;
+            ctx.metrics.etcd_operation("snapshot", started.elapsed());
+            match snapshot {
+                Ok(s) => (EtcdObservation::Observed(s), Some(handle)),
+                Err(err) => (
+                    EtcdObservation::Unreachable {
+                        reason: err.to_string(),
+                    },
+                    Some(handle),
+                ),
             }
         }
     };
-    Ok((
-        World {
-            kcp,
-            cluster_name: Some(cluster_name),
-            cluster,
-            machines,
-            workload,
-            etcd,
-            now,
-        },
-        handle,
-    ))
+    world.etcd = etcd;
+    Ok(handle)
 }

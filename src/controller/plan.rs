@@ -216,6 +216,32 @@ fn scale(view: &ControlPlaneView) -> (Action, String, String) {
                 ),
             );
         }
+        if live == 0 {
+            // The first server initializes the cluster (the bootstrap provider
+            // renders it with cluster-init while the control plane is not
+            // initialized); every other server joins it later.
+            return (
+                Action::CreateMachine,
+                "init".into(),
+                format!("0 of {desired} machines: creating the first server"),
+            );
+        }
+        if !view.initialized {
+            let first = view
+                .machines
+                .iter()
+                .filter(|m| !m.is_deleting())
+                .min_by(|a, b| a.age_key().cmp(&b.age_key()))
+                .map(|m| m.name.as_str())
+                .unwrap_or("?");
+            return (
+                Action::Wait,
+                "scale-up.waiting-for-initialization".into(),
+                format!(
+                    "{live} of {desired} machines; waiting for the first server ({first}) to initialize the control plane (its API must answer) before others join"
+                ),
+            );
+        }
         if let Some(m) = view.machines.iter().find(|m| m.node_ref.is_none()) {
             return (
                 Action::Wait,

@@ -12,11 +12,16 @@ use tracing::{info, instrument, warn};
 use crate::api::{KThreesControlPlane, Machine};
 
 use super::act::{act, publish};
+use super::apply_lifecycle::apply as apply_lifecycle;
 use super::context::Context;
+use super::create::ensure_template_owner;
 use super::error::{Error, Result};
-use super::observe::observe;
+use super::observe::{observe_management, observe_workload};
 use super::plan::{Action, Refusal, plan};
 use super::status::{kcp_status, machine_conditions, write_kcp_status, write_machine_conditions};
+use super::view::lifecycle_view;
+use super::world::World;
+use crate::lifecycle::{DeletionStep, Lifecycle, decide as decide_lifecycle, plan_secrets};
 
 #[instrument(skip_all, fields(kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()), cluster, rule))]
 pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Result<Requeue> {
@@ -50,21 +55,30 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         return Ok(Requeue::await_change());
     };
     let kcp = &current;
-    if kcp.metadata.deletion_timestamp.is_some() {
-        // Deleting a control plane is CAPI's Cluster deletion; nothing of ours to guard.
-        return Ok(Requeue::await_change());
-    }
-    let (world, etcd) = observe(ctx, kcp.clone()).await?;
+    let (mut world, secrets) = observe_management(ctx, kcp.clone()).await?;
     if let Some(cluster) = &world.cluster_name {
         tracing::Span::current().record("cluster", cluster.as_str());
     }
+    let kcps_api = &kcps;
+    // Without a Cluster nothing can be set up; a deleted one still goes.
+    if world.cluster_name.is_some() || kcp.metadata.deletion_timestamp.is_some() {
+        let lifecycle = decide_lifecycle(&lifecycle_view(&world));
+        if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
+            return settle_lifecycle(ctx, kcps_api, &world, &lifecycle).await;
+        }
+        ensure_template_owner(ctx, &world).await?;
+    }
+    let etcd = observe_workload(ctx, &mut world, &secrets).await?;
+    let lifecycle = Lifecycle::Proceed {
+        secrets: plan_secrets(&world.secrets),
+    };
     let planned = plan(&world);
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
 
     let plan = match planned {
         Err(refusal) => {
             // Refuse, say why on the object, and act on nothing.
-            let status = kcp_status(&world, Err(&refusal), None);
+            let status = kcp_status(&world, &lifecycle, Some(Err(&refusal)), None);
             let changed = kcp.status.as_ref() != Some(&status);
             write_kcp_status(&kcps, kcp, &status).await?;
             if changed {
@@ -104,7 +118,12 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             return Err(err);
         }
     };
-    let status = kcp_status(&world, Ok(&plan), outcome.last_remediation);
+    let status = kcp_status(
+        &world,
+        &lifecycle,
+        Some(Ok(&plan)),
+        outcome.last_remediation,
+    );
     let status_changed = kcp.status.as_ref() != Some(&status);
     // The KCP may have changed under us (an annotation step): re-read its version.
     let fresh = kcps
@@ -137,6 +156,65 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             Ok(Requeue::requeue(Duration::from_millis(200)))
         }
     }
+}
+
+/// Act on a lifecycle decision that stops this reconcile before remediation
+/// and scaling, say so in status, and choose when to look again.
+async fn settle_lifecycle(
+    ctx: &Context,
+    kcps: &Api<KThreesControlPlane>,
+    world: &World,
+    lifecycle: &Lifecycle,
+) -> Result<Requeue> {
+    let kcp = &world.kcp;
+    let rule = lifecycle.rule();
+    tracing::Span::current().record("rule", rule.as_str());
+    if let Err(err) = apply_lifecycle(ctx, world, lifecycle).await {
+        publish(
+            ctx,
+            kcp,
+            EventType::Warning,
+            "StepFailed",
+            &format!("{err} ({rule})"),
+        )
+        .await;
+        return Err(err);
+    }
+    let gone = matches!(
+        lifecycle,
+        Lifecycle::Delete {
+            step: DeletionStep::RemoveFinalizer | DeletionStep::Done,
+            ..
+        }
+    );
+    if gone {
+        return Ok(Requeue::await_change());
+    }
+    let status = kcp_status(world, lifecycle, None, None);
+    let changed = kcp.status.as_ref() != Some(&status);
+    // Acting may have changed the object (the finalizer): write on its latest version.
+    let fresh = kcps
+        .get_status(&kcp.name_any())
+        .await
+        .map_err(|source| Error::Status {
+            context: format!("KThreesControlPlane {}", kcp.name_any()),
+            source,
+        })?;
+    write_kcp_status(kcps, &fresh, &status).await?;
+    if changed {
+        info!(rule = %rule, "{}", lifecycle.message());
+    }
+    let soon = Duration::from_millis(200);
+    Ok(match lifecycle {
+        Lifecycle::Paused { .. } => Requeue::await_change(),
+        Lifecycle::AddFinalizer => Requeue::requeue(soon),
+        Lifecycle::Secrets { plan } if plan.blocked.is_none() => Requeue::requeue(soon),
+        Lifecycle::Delete {
+            step: DeletionStep::DeleteMachines { .. } | DeletionStep::ReleaseHooks { .. },
+            ..
+        } => Requeue::requeue(soon),
+        _ => Requeue::requeue(ctx.settings.wait_requeue),
+    })
 }
 
 /// On error: log, count by stage, and retry with this object's own backoff.

@@ -14,10 +14,11 @@ use crate::api::{KThreesControlPlane, Machine};
 use crate::remediation::decide::{ConditionValue, Outcome};
 use crate::remediation::steps::Step;
 
+use super::contract_conditions::{self, contract_conditions, replicas, v1beta1_mirror};
 use super::error::{Error, Result};
 use super::plan::{Action, Plan, Refusal};
-use super::view::is_initialized;
 use super::world::{EtcdObservation, World};
+use crate::lifecycle::Lifecycle;
 
 pub const ETCD_CLUSTER_HEALTHY: &str = "EtcdClusterHealthy";
 pub const ETCD_MEMBER_HEALTHY: &str = "EtcdMemberHealthy";
@@ -55,48 +56,52 @@ fn from_value(value: &ConditionValue, generation: Option<i64>) -> Condition {
     )
 }
 
-/// The KThreesControlPlane's status after this reconcile. `plan` is `Err` when
-/// the reconcile refused to decide (then only conditions say why).
+/// The KThreesControlPlane's status after this reconcile. `plan` is `None`
+/// when the lifecycle stopped the reconcile before remediation and scaling
+/// (deletion, secrets, mixed management, waiting for the Cluster), and `Err`
+/// when the reconcile refused to decide (then conditions say why).
 pub fn kcp_status(
     world: &World,
-    plan: std::result::Result<&Plan, &Refusal>,
+    lifecycle: &Lifecycle,
+    plan: Option<std::result::Result<&Plan, &Refusal>>,
     last_remediation: Option<crate::api::RemediationData>,
 ) -> KThreesControlPlaneStatus {
     let kcp = &world.kcp;
     let generation = kcp.metadata.generation;
     let mut status = kcp.status.clone().unwrap_or_default();
+    if let Lifecycle::Paused { .. } = lifecycle {
+        // Paused: nothing is reconciled, only the Paused condition is written.
+        for value in contract_conditions(world, lifecycle, None) {
+            if value.type_ == contract_conditions::PAUSED {
+                conditions::set(&mut status.conditions, value.to_condition(generation));
+            }
+        }
+        return status;
+    }
     let machines = &world.machines;
+    let counts = replicas(world);
     status.replicas = machines.len() as i32;
-    status.updated_replicas = machines
-        .iter()
-        .filter(|m| m.spec.version.as_deref() == Some(kcp.spec.version.as_str()))
-        .count() as i32;
-    status.ready_replicas = machines
-        .iter()
-        .filter(|m| {
-            !m.is_deleting()
-                && m.node_name()
-                    .and_then(|n| world.node(n))
-                    .and_then(|n| n.ready)
-                    == Some(true)
-        })
-        .count() as i32;
-    status.unavailable_replicas = (status.replicas - status.ready_replicas).max(0);
+    status.ready_replicas = counts.ready;
+    status.available_replicas = Some(counts.available);
+    status.up_to_date_replicas = Some(counts.up_to_date);
+    status.updated_replicas = counts.up_to_date;
+    status.unavailable_replicas = (status.replicas - counts.available).max(0);
+    // The lowest version running: Machines that have a Node.
     status.version = machines
         .iter()
+        .filter(|m| m.node_name().is_some())
         .filter_map(|m| m.spec.version.clone())
         .min_by(|a, b| compare_versions(a, b));
     if let Some(cluster) = &world.cluster_name {
         status.selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
     }
     // Initialized once a first server joined and its API answered; it never goes back.
-    let initialized = is_initialized(kcp)
-        || (machines.iter().any(|m| m.node_name().is_some()) && !world.nodes().is_empty());
+    let initialized = world.control_plane_initialized();
     status.initialized = initialized;
     status.initialization = Some(ControlPlaneInitializationStatus {
         control_plane_initialized: Some(initialized),
     });
-    status.ready = status.ready_replicas > 0;
+    status.ready = initialized && counts.ready > 0;
     status.observed_generation = generation;
     if let Some(lr) = last_remediation {
         status.last_remediation = Some(lr);
@@ -104,7 +109,7 @@ pub fn kcp_status(
 
     let conds = &mut status.conditions;
     match plan {
-        Err(Refusal::Invalid(errors)) => {
+        Some(Err(Refusal::Invalid(errors))) => {
             conditions::set(
                 conds,
                 condition(
@@ -123,12 +128,13 @@ pub fn kcp_status(
             );
         }
     }
-    conditions::set(conds, etcd_cluster_condition(world, plan.ok(), generation));
+    let ok_plan = plan.and_then(|p| p.ok());
+    conditions::set(conds, etcd_cluster_condition(world, ok_plan, generation));
     match plan {
-        Ok(plan) => {
+        Some(Ok(plan)) => {
             conditions::set(conds, remediating_condition(plan, generation));
         }
-        Err(refusal) if !matches!(refusal, Refusal::Invalid(_)) => {
+        Some(Err(refusal)) if !matches!(refusal, Refusal::Invalid(_)) => {
             conditions::set(
                 conds,
                 condition(
@@ -140,8 +146,33 @@ pub fn kcp_status(
                 ),
             );
         }
-        Err(_) => {}
+        Some(Err(_)) => {}
+        None => {
+            let (reason, message) = match lifecycle {
+                Lifecycle::MixedManagement { .. } => ("CannotDecide", lifecycle.message()),
+                _ => ("NotRemediating", String::new()),
+            };
+            conditions::set(
+                conds,
+                condition("Remediating", Some(false), reason, message, generation),
+            );
+        }
     }
+    for value in contract_conditions(world, lifecycle, ok_plan) {
+        conditions::set(conds, value.to_condition(generation));
+    }
+    let mirror = v1beta1_mirror(conds);
+    let deprecated = status
+        .deprecated
+        .get_or_insert_with(Default::default)
+        .v1beta1
+        .get_or_insert_with(Default::default);
+    for c in mirror {
+        conditions::set_v1beta1(&mut deprecated.conditions, c);
+    }
+    deprecated.ready_replicas = Some(counts.ready);
+    deprecated.updated_replicas = Some(counts.up_to_date);
+    deprecated.unavailable_replicas = Some((status.replicas - counts.ready).max(0));
     status
 }
 
@@ -179,7 +210,14 @@ fn etcd_cluster_condition(
             ETCD_CLUSTER_HEALTHY,
             None,
             "EtcdNotManaged",
-            "no <cluster>-etcd Secret: etcd is not managed by this control plane",
+            "kthreesConfigSpec.serverConfig.datastoreEndpoint is set: an external datastore, no etcd of ours",
+            generation,
+        ),
+        EtcdObservation::NoCredentials { reason } => condition(
+            ETCD_CLUSTER_HEALTHY,
+            None,
+            "EtcdCredentialsUnavailable",
+            reason.clone(),
             generation,
         ),
         EtcdObservation::Unreachable { reason } => condition(

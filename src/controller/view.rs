@@ -10,7 +10,9 @@ use crate::api::names::{
     PRE_TERMINATE_HOOK_PREFIX, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
     REMEDIATION_IN_PROGRESS_ANNOTATION,
 };
+use crate::api::names::{KCP_FINALIZER, PAUSED_ANNOTATION};
 use crate::api::{KThreesControlPlane, Machine};
+use crate::lifecycle::{ClusterState, LifecycleView, OwnedMachine};
 use crate::membership::{self, MachineRef, MemberRef, MembershipMap};
 use crate::remediation::model::{
     ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy,
@@ -122,7 +124,7 @@ pub fn control_plane_view(
     }
     Ok(ControlPlaneView {
         name: kcp.metadata.name.clone().unwrap_or_default(),
-        initialized: is_initialized(kcp),
+        initialized: world.control_plane_initialized(),
         desired_replicas: kcp.desired_replicas().max(0) as u32,
         strategy: strategy(kcp),
         remediation_in_progress: remediation_data(
@@ -132,9 +134,11 @@ pub fn control_plane_view(
         )?,
         etcd: match &world.etcd {
             EtcdObservation::NotManaged => EtcdState::NotManaged,
-            EtcdObservation::Unreachable { reason } => EtcdState::Unreachable {
-                reason: reason.clone(),
-            },
+            EtcdObservation::Unreachable { reason } | EtcdObservation::NoCredentials { reason } => {
+                EtcdState::Unreachable {
+                    reason: reason.clone(),
+                }
+            }
             // Unknown alarms are not "no alarms": nothing may be removed on a guess.
             EtcdObservation::Observed(s) if s.alarms_error.is_some() => EtcdState::Unreachable {
                 reason: format!(
@@ -161,6 +165,47 @@ pub fn control_plane_view(
         pending_topology_version: None,
         machines,
     })
+}
+
+/// The lifecycle decision's input, from `world`.
+pub fn lifecycle_view(world: &World) -> LifecycleView {
+    let kcp = &world.kcp;
+    let has = |annotations: Option<&BTreeMap<String, String>>, key: &str| {
+        annotations.is_some_and(|a| a.contains_key(key))
+    };
+    LifecycleView {
+        kcp_deleting: kcp.metadata.deletion_timestamp.is_some(),
+        kcp_paused: has(kcp.metadata.annotations.as_ref(), PAUSED_ANNOTATION),
+        has_finalizer: kcp
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == KCP_FINALIZER)),
+        cluster: match &world.cluster {
+            None => ClusterState::Missing,
+            Some(c) => ClusterState::Present {
+                deleting: c.is_deleting(),
+                paused: c.spec.paused == Some(true)
+                    || has(c.metadata.annotations.as_ref(), PAUSED_ANNOTATION),
+                infrastructure_provisioned: c.infrastructure_provisioned(),
+            },
+        },
+        secrets: world.secrets.clone(),
+        machines: world
+            .machines
+            .iter()
+            .map(|m| OwnedMachine {
+                name: name_of(m),
+                deleting: m.is_deleting(),
+                has_our_hook: has(
+                    m.metadata.annotations.as_ref(),
+                    PRE_TERMINATE_HOOK_ANNOTATION,
+                ),
+            })
+            .collect(),
+        foreign_machines: world.foreign_machines.clone(),
+        workers: world.workers.clone(),
+    }
 }
 
 /// `status.initialized` or the v1beta2 `status.initialization.controlPlaneInitialized`.
@@ -274,6 +319,9 @@ mod tests {
             cluster_name: Some("c".into()),
             cluster: None,
             machines: vec![],
+            foreign_machines: vec![],
+            workers: vec![],
+            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             now: chrono::Utc::now(),

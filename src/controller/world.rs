@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Cluster, KThreesControlPlane, Machine};
 use crate::etcd::MembershipSnapshot;
+use crate::lifecycle::SecretsView;
 use crate::workload::ControlPlaneNode;
 
 /// What could be read of the workload cluster's API.
@@ -20,8 +21,13 @@ pub enum WorkloadState {
 /// What could be read of the workload cluster's etcd.
 #[derive(Clone, Debug)]
 pub enum EtcdObservation {
-    /// No `<cluster>-etcd` Secret: etcd is not ours to touch.
+    /// An external datastore (`serverConfig.datastoreEndpoint`): no etcd of ours.
     NotManaged,
+    /// Embedded etcd, but the `<cluster>-etcd` Secret is missing or unusable:
+    /// the membership is unknown, so nothing may be removed.
+    NoCredentials {
+        reason: String,
+    },
     /// Managed, but not read this time (not initialized yet, or unreachable).
     Unreachable {
         reason: String,
@@ -38,6 +44,12 @@ pub struct World {
     pub cluster: Option<Cluster>,
     /// Control-plane Machines owned by this KThreesControlPlane.
     pub machines: Vec<Machine>,
+    /// Control-plane Machines of the Cluster that this control plane does not own.
+    pub foreign_machines: Vec<String>,
+    /// The Cluster's other (worker) Machines.
+    pub workers: Vec<String>,
+    /// The cluster Secrets as observed (states only, never their content).
+    pub secrets: SecretsView,
     pub workload: WorkloadState,
     pub etcd: EtcdObservation,
     pub now: DateTime<Utc>,
@@ -60,6 +72,16 @@ impl World {
             EtcdObservation::Observed(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Initialized: recorded in status before, or the workload API answers
+    /// with a control-plane Node of one of our Machines (the first server is up).
+    pub fn control_plane_initialized(&self) -> bool {
+        crate::controller::view::is_initialized(&self.kcp)
+            || self.machines.iter().any(|m| {
+                m.node_name()
+                    .is_some_and(|n| self.nodes().iter().any(|node| node.name == n))
+            })
     }
 
     pub fn machine(&self, name: &str) -> Option<&Machine> {

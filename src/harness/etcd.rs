@@ -25,7 +25,7 @@ use nix::unistd::Pid;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::etcd::{ClientTls, EtcdCluster, EtcdError, MembershipSnapshot, Timeouts, Transport};
-use crate::harness::pki::{PairFiles, TestPki, write_pair};
+use crate::harness::pki::{PairFiles, TestCa, TestPki, write_pair};
 
 /// How many clusters one process runs at once.
 pub const MAX_CLUSTERS_PER_PROCESS: usize = 3;
@@ -293,9 +293,19 @@ pub struct EtcdTestClusterBuilder {
     without_ip_san: Vec<usize>,
     learners: usize,
     ready_timeout: Duration,
+    /// The etcd server CA to sign with (cert, key PEM), instead of a new one.
+    server_ca: Option<(String, String)>,
 }
 
 impl EtcdTestClusterBuilder {
+    /// Sign the members' serving and client certificates with this CA (PEM),
+    /// as k3s does with the `<cluster>-etcd` CA the bootstrap provider writes
+    /// to `/var/lib/rancher/k3s/server/tls/etcd/server-ca.*`.
+    pub fn server_ca(mut self, cert_pem: &str, key_pem: &str) -> Self {
+        self.server_ca = Some((cert_pem.to_string(), key_pem.to_string()));
+        self
+    }
+
     /// Number of voting members at start.
     pub fn members(mut self, n: usize) -> Self {
         self.members = n;
@@ -371,6 +381,7 @@ impl EtcdTestCluster {
             without_ip_san: Vec::new(),
             learners: 0,
             ready_timeout: Duration::from_secs(45),
+            server_ca: None,
         }
     }
 
@@ -397,7 +408,17 @@ impl EtcdTestCluster {
             .prefix("k3scp-etcd-")
             .tempdir()
             .map_err(io("create temp dir"))?;
-        let pki = TestPki::new();
+        let pki = match &opts.server_ca {
+            None => TestPki::new(),
+            Some((cert, key)) => {
+                TestPki::with_server_ca(TestCa::from_pem(cert, key).map_err(|e| {
+                    HarnessError::Io {
+                        what: "load the given etcd server CA".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    }
+                })?)
+            }
+        };
         let tls_dir = dir.path().join("pki");
         let ca = write_pair(&tls_dir, "server-ca", &pki.server_ca.pair).map_err(io("write CA"))?;
         let peer_ca =

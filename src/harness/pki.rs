@@ -29,8 +29,7 @@ impl std::fmt::Debug for CertPair {
 /// A certificate authority that can sign.
 pub struct TestCa {
     pub pair: CertPair,
-    key: KeyPair,
-    params: CertificateParams,
+    issuer: Issuer<'static, KeyPair>,
 }
 
 impl std::fmt::Debug for TestCa {
@@ -70,9 +69,20 @@ impl TestCa {
                 cert_pem: cert.pem(),
                 key_pem: key.serialize_pem(),
             },
-            key,
-            params,
+            issuer: Issuer::new(params, key),
         }
+    }
+
+    /// A CA from its PEM certificate and key (e.g. a generated `<cluster>-etcd`).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, rcgen::Error> {
+        let key = KeyPair::from_pem(key_pem)?;
+        Ok(Self {
+            pair: CertPair {
+                cert_pem: cert_pem.to_string(),
+                key_pem: key_pem.to_string(),
+            },
+            issuer: Issuer::from_ca_cert_pem(cert_pem, key)?,
+        })
     }
 
     /// Sign a leaf certificate.
@@ -92,8 +102,7 @@ impl TestCa {
             KeyUsagePurpose::KeyEncipherment,
         ];
         validity(&mut params, 365);
-        let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).expect("sign leaf");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
         CertPair {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -136,7 +145,14 @@ impl TestPki {
         let stamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let server_ca = TestCa::new(&format!("etcd-server-ca@{stamp}"));
+        Self::with_server_ca(TestCa::new(&format!("etcd-server-ca@{stamp}")))
+    }
+
+    /// A PKI whose etcd server CA is `server_ca` (the peer CA is new).
+    pub fn with_server_ca(server_ca: TestCa) -> Self {
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let peer_ca = TestCa::new(&format!("etcd-peer-ca@{stamp}"));
         let client = server_ca.issue("etcd-client", &[], &[ExtendedKeyUsagePurpose::ClientAuth]);
         Self {

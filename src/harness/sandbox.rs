@@ -133,6 +133,20 @@ pub fn kcp_object(name: &str, cluster: &Cluster, replicas: i32) -> KThreesContro
     .expect("a well-formed KThreesControlPlane")
 }
 
+/// What CAPI's Cluster controller reports once the infrastructure provider is
+/// done: `status.initialization.infrastructureProvisioned`.
+pub async fn mark_infrastructure_provisioned(
+    clusters: &Api<Cluster>,
+    name: &str,
+) -> Result<(), SandboxError> {
+    let status = json!({"status": {"initialization": {"infrastructureProvisioned": true}}});
+    clusters
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(err("mark Cluster infrastructure provisioned"))?;
+    Ok(())
+}
+
 /// Mark a control plane initialized, as its first server joining would.
 pub async fn mark_initialized(
     kcps: &Api<KThreesControlPlane>,
@@ -175,6 +189,7 @@ pub fn fast_settings() -> Settings {
         idle_requeue: Duration::from_secs(5),
         error_backoff_min: Duration::from_millis(200),
         error_backoff_max: Duration::from_secs(5),
+        ..Settings::default()
     }
 }
 
@@ -272,6 +287,7 @@ impl Sandbox {
             .create(&PostParams::default(), &cluster)
             .await
             .map_err(err("create Cluster"))?;
+        mark_infrastructure_provisioned(&clusters, CLUSTER).await?;
 
         let templates: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), NAMESPACE, &docker_machine_template());
@@ -284,8 +300,41 @@ impl Sandbox {
             .await
             .map_err(err("create DockerMachineTemplate"))?;
 
+        // A control plane that was brought up before: our finalizer is on it
+        // and the cluster Secrets exist (here as a user would supply them).
+        for (name, ca) in [
+            (format!("{CLUSTER}-ca"), "k3s-server-ca"),
+            (format!("{CLUSTER}-cca"), "k3s-client-ca"),
+        ] {
+            let ca = crate::pki::generate_ca(ca, crate::pki::CA_LIFETIME)
+                .map_err(|e| SandboxError(format!("generate {name}: {e}")))?;
+            secrets
+                .create(
+                    &PostParams::default(),
+                    &secret(
+                        name.clone(),
+                        BTreeMap::from([
+                            ("tls.crt".into(), ca.cert_pem.clone()),
+                            ("tls.key".into(), ca.key_pem.clone()),
+                        ]),
+                    ),
+                )
+                .await
+                .map_err(err("create CA Secret"))?;
+        }
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(
+                    format!("{CLUSTER}-token"),
+                    BTreeMap::from([("value".into(), crate::pki::generate_token())]),
+                ),
+            )
+            .await
+            .map_err(err("create token Secret"))?;
         let kcps = self.kcp_api();
-        let kcp = kcp_object(KCP, &cluster, members as i32);
+        let mut kcp = kcp_object(KCP, &cluster, members as i32);
+        kcp.metadata.finalizers = Some(vec![crate::api::names::KCP_FINALIZER.to_string()]);
         let kcp = kcps
             .create(&PostParams::default(), &kcp)
             .await

@@ -101,6 +101,22 @@ pub struct SecretsView {
 }
 
 impl SecretsView {
+    /// Nothing read yet (every Secret missing, no endpoint).
+    pub fn unobserved(cluster: &str, etcd_embedded: bool, now: DateTime<Utc>) -> Self {
+        SecretsView {
+            cluster: cluster.to_string(),
+            etcd_embedded,
+            server_ca: SecretState::Missing,
+            client_ca: SecretState::Missing,
+            etcd_ca: SecretState::Missing,
+            token: SecretState::Missing,
+            kubeconfig: KubeconfigState::Missing,
+            endpoint: None,
+            now,
+            renew_before: Duration::ZERO,
+        }
+    }
+
     fn ca(&self, purpose: CaPurpose) -> &SecretState {
         match purpose {
             CaPurpose::Server => &self.server_ca,
@@ -302,7 +318,9 @@ mod tests {
             v.token = SecretState::Missing;
             v.kubeconfig = KubeconfigState::Missing;
         });
-        let cases: Vec<(&str, SecretsView, Vec<SecretWrite>, bool, Option<&str>)> = vec![
+        // (situation, view, writes, certificates available, kubeconfig pending)
+        type Case<'a> = (&'a str, SecretsView, Vec<SecretWrite>, bool, Option<&'a str>);
+        let cases: Vec<Case> = vec![
             (
                 "everything present and fresh: nothing to write",
                 complete(),

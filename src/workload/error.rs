@@ -40,7 +40,7 @@ pub enum Error {
     CertificateNotCa { secret: String, key: &'static str },
 
     #[error(
-        "secret {secret} has the etcd CA certificate but no key {key:?}: without the CA key no client certificate can be minted"
+        "secret {secret} has the CA certificate but no key {key:?}: without the CA key nothing can be signed with it"
     )]
     CaKeyMissing { secret: String, key: &'static str },
 

@@ -207,7 +207,16 @@ impl Report {
         let etcd = match &world.etcd {
             EtcdObservation::NotManaged => EtcdReport {
                 state: "notManaged",
-                reason: Some("no <cluster>-etcd Secret: etcd is not managed".into()),
+                reason: Some(
+                    "external datastore (serverConfig.datastoreEndpoint): no etcd of ours".into(),
+                ),
+                cluster_id: None,
+                leader: None,
+                alarms_error: None,
+            },
+            EtcdObservation::NoCredentials { reason } => EtcdReport {
+                state: "unknown",
+                reason: Some(reason.clone()),
                 cluster_id: None,
                 leader: None,
                 alarms_error: None,
@@ -382,6 +391,9 @@ mod report_tests {
             cluster_name: Some("c".into()),
             cluster: None,
             machines,
+            foreign_machines: vec![],
+            workers: vec![],
+            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
             workload: WorkloadState::Nodes(nodes),
             etcd: EtcdObservation::Observed(MembershipSnapshot {
                 cluster_id: 7,

@@ -1,0 +1,177 @@
+//! Act on a lifecycle decision ([`crate::lifecycle::decide`]): the finalizer,
+//! the cluster Secrets, and teardown. Every write is idempotent and guarded:
+//! metadata writes carry the resourceVersion read (a 409 means observe again),
+//! deletions carry the uid read.
+
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+use crate::api::names::{KCP_FINALIZER, PRE_TERMINATE_HOOK_ANNOTATION};
+use crate::api::{KThreesControlPlane, Machine};
+use crate::lifecycle::{DeletionStep, Lifecycle};
+
+use super::act::publish;
+use super::cluster_secrets::SecretWriter;
+use super::context::Context;
+use super::error::{Error, Result};
+use super::world::World;
+
+fn act_err(step: &str) -> impl Fn(kube::Error) -> Error + '_ {
+    move |source| Error::Act {
+        step: step.to_string(),
+        source,
+    }
+}
+
+/// Carry out `lifecycle` (nothing for the decisions that only wait or refuse).
+pub async fn apply(ctx: &Context, world: &World, lifecycle: &Lifecycle) -> Result<()> {
+    let kcp = &world.kcp;
+    let namespace = kcp.namespace().unwrap_or_default();
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    match lifecycle {
+        Lifecycle::Paused { .. }
+        | Lifecycle::WaitForCluster { .. }
+        | Lifecycle::MixedManagement { .. }
+        | Lifecycle::Proceed { .. } => Ok(()),
+        Lifecycle::AddFinalizer => {
+            let mut finalizers = kcp.finalizers().to_vec();
+            finalizers.push(KCP_FINALIZER.to_string());
+            let patch = json!({"metadata": {
+                "resourceVersion": kcp.resource_version(),
+                "finalizers": finalizers,
+            }});
+            kcps.patch(
+                &kcp.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(act_err("add finalizer"))?;
+            Ok(())
+        }
+        Lifecycle::Secrets { plan } => {
+            if plan.blocked.is_some() {
+                return Ok(());
+            }
+            let cluster = world.cluster_name.as_deref().unwrap_or_default();
+            let secrets = Api::namespaced(ctx.client.clone(), &namespace);
+            let writer = SecretWriter {
+                api: &secrets,
+                kcp,
+                namespace: &namespace,
+                cluster,
+                endpoint: world.secrets.endpoint.as_deref(),
+                policy: &ctx.settings.kubeconfig,
+            };
+            for write in &plan.writes {
+                writer.write(write).await?;
+                info!(%write, "cluster Secret written");
+                publish(
+                    ctx,
+                    kcp,
+                    EventType::Normal,
+                    "ClusterSecretWritten",
+                    &format!("{write} for Cluster {namespace}/{cluster}"),
+                )
+                .await;
+            }
+            Ok(())
+        }
+        Lifecycle::Delete { step, trigger } => {
+            apply_deletion(ctx, world, &kcps, &machines, step, trigger).await
+        }
+    }
+}
+
+async fn apply_deletion(
+    ctx: &Context,
+    world: &World,
+    kcps: &Api<KThreesControlPlane>,
+    machines: &Api<Machine>,
+    step: &DeletionStep,
+    trigger: &str,
+) -> Result<()> {
+    let kcp = &world.kcp;
+    match step {
+        DeletionStep::WaitForWorkers { .. }
+        | DeletionStep::WaitForMachines { .. }
+        | DeletionStep::Done => return Ok(()),
+        DeletionStep::DeleteMachines { machines: names } => {
+            for name in names {
+                let uid = world.machine(name).and_then(|m| m.uid());
+                let params = DeleteParams {
+                    preconditions: uid.map(|uid| Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match machines.delete(name, &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(act_err("delete control-plane Machine")(e)),
+                }
+            }
+        }
+        DeletionStep::ReleaseHooks { machines: names } => {
+            for name in names {
+                let Some(machine) = world.machine(name) else {
+                    continue;
+                };
+                let patch = json!({"metadata": {
+                    "resourceVersion": machine.resource_version(),
+                    "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null},
+                }});
+                match machines
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(act_err("release pre-terminate hook")(e)),
+                }
+            }
+        }
+        DeletionStep::RemoveFinalizer => {
+            let finalizers: Vec<String> = kcp
+                .finalizers()
+                .iter()
+                .filter(|f| *f != KCP_FINALIZER)
+                .cloned()
+                .collect();
+            let patch = json!({"metadata": {
+                "resourceVersion": kcp.resource_version(),
+                "finalizers": finalizers,
+            }});
+            match kcps
+                .patch(
+                    &kcp.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(act_err("remove finalizer")(e)),
+            }
+        }
+    }
+    let note = format!("{trigger}: {}", step.message());
+    info!(step = step.name(), "{note}");
+    publish(ctx, kcp, EventType::Normal, deletion_reason(step), &note).await;
+    Ok(())
+}
+
+fn deletion_reason(step: &DeletionStep) -> &'static str {
+    match step {
+        DeletionStep::DeleteMachines { .. } => "DeletingControlPlaneMachines",
+        DeletionStep::ReleaseHooks { .. } => "PreTerminateHookReleased",
+        DeletionStep::RemoveFinalizer => "ControlPlaneDeleted",
+        _ => "Deleting",
+    }
+}

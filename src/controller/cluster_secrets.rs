@@ -1,0 +1,322 @@
+//! The cluster Secrets (`<cluster>-ca`, `-cca`, `-etcd`, `-token`,
+//! `-kubeconfig`): reading them into states for the pure decision
+//! ([`crate::lifecycle::plan_secrets`]), and writing what it decided.
+//! Look up or generate: a create never replaces a Secret (a 409 means someone
+//! was first, and the next reconcile reads theirs); only a kubeconfig we own is
+//! ever updated, guarded by its resourceVersion.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{PostParams, Resource};
+use kube::{Api, ResourceExt};
+
+use crate::api::KThreesControlPlane;
+use crate::api::names::{
+    KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_SUFFIX, TOKEN_SECRET_KEY, TOKEN_SECRET_SUFFIX,
+};
+use crate::lifecycle::{CaPurpose, KubeconfigState, SecretState, SecretWrite, SecretsView};
+use crate::pki::{self, CertKeyPem, KubeconfigPolicy};
+use crate::workload::secrets::{etcd_access_from_secret, secret_ref};
+
+use super::error::{Error, Result};
+
+const TOKEN_KEY: &str = TOKEN_SECRET_KEY;
+
+/// The five Secrets as read (`None` = not found). Never logged: no `Debug`.
+#[derive(Clone, Default)]
+pub struct ClusterSecretObjects {
+    pub server_ca: Option<Secret>,
+    pub client_ca: Option<Secret>,
+    pub etcd_ca: Option<Secret>,
+    pub token: Option<Secret>,
+    pub kubeconfig: Option<Secret>,
+}
+
+impl ClusterSecretObjects {
+    /// Read all five through `api` (the cluster's namespace).
+    pub async fn read(api: &Api<Secret>, namespace: &str, cluster: &str) -> Result<Self> {
+        let get = |name: String| async move {
+            api.get_opt(&name).await.map_err(|source| Error::Observe {
+                context: format!("get Secret {namespace}/{name}"),
+                source,
+            })
+        };
+        Ok(Self {
+            server_ca: get(CaPurpose::Server.secret_name(cluster)).await?,
+            client_ca: get(CaPurpose::Client.secret_name(cluster)).await?,
+            etcd_ca: get(CaPurpose::Etcd.secret_name(cluster)).await?,
+            token: get(format!("{cluster}{TOKEN_SECRET_SUFFIX}")).await?,
+            kubeconfig: get(format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")).await?,
+        })
+    }
+
+    pub fn ca(&self, purpose: CaPurpose) -> Option<&Secret> {
+        match purpose {
+            CaPurpose::Server => self.server_ca.as_ref(),
+            CaPurpose::Client => self.client_ca.as_ref(),
+            CaPurpose::Etcd => self.etcd_ca.as_ref(),
+        }
+    }
+}
+
+fn owned_by(secret: &Secret, kcp: &KThreesControlPlane) -> bool {
+    let uid = kcp.uid();
+    secret
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+}
+
+/// A CA Secret: usable when `tls.crt` is a CA and `tls.key` its key.
+pub fn ca_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> SecretState {
+    let Some(secret) = secret else {
+        return SecretState::Missing;
+    };
+    match etcd_access_from_secret(Some(secret)) {
+        Ok(_) => SecretState::Valid {
+            owned: owned_by(secret, kcp),
+        },
+        Err(err) => SecretState::Invalid {
+            reason: err.to_string(),
+        },
+    }
+}
+
+/// The token Secret: usable when key `value` holds non-empty text.
+pub fn token_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> SecretState {
+    let Some(secret) = secret else {
+        return SecretState::Missing;
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(TOKEN_KEY))
+        .map(|b| b.0.as_slice());
+    match value {
+        Some(v) if !v.is_empty() && std::str::from_utf8(v).is_ok() => SecretState::Valid {
+            owned: owned_by(secret, kcp),
+        },
+        _ => SecretState::Invalid {
+            reason: format!(
+                "secret {} has no non-empty text key {TOKEN_KEY:?} (the k3s join token)",
+                secret_ref(secret)
+            ),
+        },
+    }
+}
+
+/// The kubeconfig Secret: who owns it, where it points, when its client
+/// certificate expires.
+pub fn kubeconfig_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> KubeconfigState {
+    let Some(secret) = secret else {
+        return KubeconfigState::Missing;
+    };
+    let field = format!("secret {}[{KUBECONFIG_SECRET_KEY}]", secret_ref(secret));
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(KUBECONFIG_SECRET_KEY))
+        .and_then(|b| std::str::from_utf8(&b.0).ok());
+    let owned = owned_by(secret, kcp);
+    let Some(text) = text else {
+        return KubeconfigState::Present {
+            owned,
+            client_not_after: None,
+            server: None,
+            problem: Some(format!("{field}: missing or not UTF-8 text")),
+        };
+    };
+    let server = pki::kubeconfig_server(text, &field);
+    let not_after = pki::kubeconfig_client_not_after(text, &field);
+    let problem = match (&server, &not_after) {
+        (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    KubeconfigState::Present {
+        owned,
+        client_not_after: not_after.ok(),
+        server: server.ok(),
+        problem,
+    }
+}
+
+/// The observation the Secrets decision reads.
+pub fn secrets_view(
+    kcp: &KThreesControlPlane,
+    cluster: &str,
+    objects: &ClusterSecretObjects,
+    endpoint: Option<String>,
+    policy: &KubeconfigPolicy,
+    now: DateTime<Utc>,
+) -> SecretsView {
+    SecretsView {
+        cluster: cluster.to_string(),
+        etcd_embedded: kcp.etcd_is_embedded(),
+        server_ca: ca_state(objects.server_ca.as_ref(), kcp),
+        client_ca: ca_state(objects.client_ca.as_ref(), kcp),
+        etcd_ca: ca_state(objects.etcd_ca.as_ref(), kcp),
+        token: token_state(objects.token.as_ref(), kcp),
+        kubeconfig: kubeconfig_state(objects.kubeconfig.as_ref(), kcp),
+        endpoint,
+        now,
+        renew_before: policy.renew_before,
+    }
+}
+
+/// What to write, with where.
+pub struct SecretWriter<'a> {
+    pub api: &'a Api<Secret>,
+    pub kcp: &'a KThreesControlPlane,
+    pub namespace: &'a str,
+    pub cluster: &'a str,
+    pub endpoint: Option<&'a str>,
+    pub policy: &'a KubeconfigPolicy,
+}
+
+impl SecretWriter<'_> {
+    fn owner(&self) -> Result<OwnerReference> {
+        self.kcp
+            .controller_owner_ref(&())
+            .ok_or_else(|| Error::Precondition {
+                step: "cluster-secrets".into(),
+                reason: format!(
+                    "KThreesControlPlane {}/{}: metadata.uid is not set yet",
+                    self.namespace,
+                    self.kcp.name_any()
+                ),
+            })
+    }
+
+    fn pki_error(&self, what: &str, err: pki::PkiError) -> Error {
+        Error::Precondition {
+            step: format!("cluster-secrets: {what}"),
+            reason: err.to_string(),
+        }
+    }
+
+    async fn create(&self, secret: Secret) -> Result<()> {
+        let name = secret.name_any();
+        match self.api.create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(()),
+            // Someone was first: never overwrite; the next reconcile reads theirs.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(source) => Err(Error::Act {
+                step: format!("create Secret {}/{name}", self.namespace),
+                source,
+            }),
+        }
+    }
+
+    async fn read_ca(&self, purpose: CaPurpose) -> Result<CertKeyPem> {
+        let name = purpose.secret_name(self.cluster);
+        let secret = self.api.get(&name).await.map_err(|source| Error::Observe {
+            context: format!("get Secret {}/{name}", self.namespace),
+            source,
+        })?;
+        let ca =
+            pki::ca_from_secret(&secret).map_err(|e| self.pki_error(&format!("read {name}"), e))?;
+        pki::validate_ca(&ca, &format!("{}/{name}", self.namespace))
+            .map_err(|e| self.pki_error(&format!("read {name}"), e))?;
+        Ok(ca)
+    }
+
+    fn kubeconfig_text(&self, server_ca: &CertKeyPem, client_ca: &CertKeyPem) -> Result<String> {
+        let endpoint = self.endpoint.ok_or_else(|| Error::Precondition {
+            step: "cluster-secrets: kubeconfig".into(),
+            reason: format!(
+                "Cluster {}/{}: spec.controlPlaneEndpoint is not set",
+                self.namespace, self.cluster
+            ),
+        })?;
+        pki::admin_kubeconfig(
+            self.cluster,
+            endpoint,
+            &server_ca.cert_pem,
+            client_ca,
+            self.policy,
+            Utc::now(),
+        )
+        .map_err(|e| self.pki_error("render the kubeconfig", e))
+    }
+
+    /// Carry out one write.
+    pub async fn write(&self, write: &SecretWrite) -> Result<()> {
+        let owner = self.owner()?;
+        match write {
+            SecretWrite::GenerateCa { purpose } => {
+                let ca = pki::generate_ca(
+                    &purpose.common_name(Utc::now().timestamp()),
+                    pki::CA_LIFETIME,
+                )
+                .map_err(|e| self.pki_error("generate a CA", e))?;
+                let name = purpose.secret_name(self.cluster);
+                self.create(pki::ca_secret(
+                    self.namespace,
+                    self.cluster,
+                    &name,
+                    &ca,
+                    owner,
+                ))
+                .await
+            }
+            SecretWrite::GenerateToken => {
+                let data =
+                    BTreeMap::from([(TOKEN_KEY.to_string(), pki::generate_token().into_bytes())]);
+                self.create(pki::cluster_secret(
+                    self.namespace,
+                    self.cluster,
+                    &format!("{}{TOKEN_SECRET_SUFFIX}", self.cluster),
+                    data,
+                    owner,
+                ))
+                .await
+            }
+            SecretWrite::CreateKubeconfig => {
+                let server_ca = self.read_ca(CaPurpose::Server).await?;
+                let client_ca = self.read_ca(CaPurpose::Client).await?;
+                let text = self.kubeconfig_text(&server_ca, &client_ca)?;
+                let data = BTreeMap::from([(KUBECONFIG_SECRET_KEY.to_string(), text.into_bytes())]);
+                self.create(pki::cluster_secret(
+                    self.namespace,
+                    self.cluster,
+                    &format!("{}{KUBECONFIG_SECRET_SUFFIX}", self.cluster),
+                    data,
+                    owner,
+                ))
+                .await
+            }
+            SecretWrite::RotateKubeconfig { .. } => {
+                let name = format!("{}{KUBECONFIG_SECRET_SUFFIX}", self.cluster);
+                let mut current = self.api.get(&name).await.map_err(|source| Error::Observe {
+                    context: format!("get Secret {}/{name}", self.namespace),
+                    source,
+                })?;
+                if !owned_by(&current, self.kcp) {
+                    // Decided on an older read; someone else's now: leave it.
+                    return Ok(());
+                }
+                let server_ca = self.read_ca(CaPurpose::Server).await?;
+                let client_ca = self.read_ca(CaPurpose::Client).await?;
+                let text = self.kubeconfig_text(&server_ca, &client_ca)?;
+                current.data = Some(BTreeMap::from([(
+                    KUBECONFIG_SECRET_KEY.to_string(),
+                    k8s_openapi::ByteString(text.into_bytes()),
+                )]));
+                current.string_data = None;
+                // A replace carries the resourceVersion read: a concurrent
+                // change is a 409, and the next reconcile decides again.
+                self.api
+                    .replace(&name, &PostParams::default(), &current)
+                    .await
+                    .map_err(|source| Error::Act {
+                        step: format!("rotate Secret {}/{name}", self.namespace),
+                        source,
+                    })?;
+                Ok(())
+            }
+        }
+    }
+}
