@@ -1,6 +1,8 @@
 //! An in-process Kubernetes API server for tests and the demo: a real `kube::Client`
-//! talks to it over HTTP (CRUD, patches, status/scale subresources, finalizers, owner
-//! garbage collection, selectors, paging and watch). Deviations: docs/apiserver.md.
+//! talks to it over plain HTTP, or over TLS with client certificates like a k3s API
+//! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
+//! garbage collection, selectors, paging and watch). Deviations: README.md, "The test
+//! API server and its conformance suite".
 
 mod builtin;
 mod discovery;
@@ -11,6 +13,7 @@ mod resource;
 mod routes;
 mod selector;
 mod store;
+mod tls;
 mod watch;
 
 use std::net::SocketAddr;
@@ -26,6 +29,7 @@ pub use error::ApiError;
 pub use patch::PatchKind;
 pub use resource::{ResourceDef, ScaleDef, Scope};
 pub use selector::{FieldSelector, LabelSelector};
+pub use tls::ServerTls;
 
 use resource::Registry;
 use store::Store;
@@ -35,6 +39,16 @@ use store::Store;
 pub enum Error {
     #[error("binding the test API server to 127.0.0.1: {0}")]
     Bind(#[source] std::io::Error),
+    #[error("serving the test API server on the given listener: {0}")]
+    Listener(#[source] std::io::Error),
+    #[error("test API server TLS, {what}: {reason}")]
+    Tls { what: &'static str, reason: String },
+    #[error("loading the kubeconfig of the test API server at {url}: {source}")]
+    Kubeconfig {
+        url: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     #[error("building a kube client for the test API server at {url}: {source}")]
     Client {
         url: String,
@@ -48,6 +62,8 @@ pub struct TestApiServerBuilder {
     registry: Registry,
     history_limit: usize,
     bookmark_interval: Duration,
+    tls: Option<ServerTls>,
+    listener: Option<std::net::TcpListener>,
 }
 
 impl TestApiServerBuilder {
@@ -108,12 +124,45 @@ impl TestApiServerBuilder {
         self
     }
 
-    /// Bind 127.0.0.1 on a free port and serve until [`TestApiServer::shutdown`] or drop.
+    /// Serve HTTPS with this certificate instead of plain HTTP; with
+    /// [`ServerTls::client_ca_pem`] set, only clients presenting a certificate signed by
+    /// that CA get through the handshake.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Serve on this listener (bound by the caller, for instance to know the port
+    /// before the server exists) instead of binding 127.0.0.1 on a free port.
+    pub fn listener(mut self, listener: std::net::TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Bind 127.0.0.1 on a free port (or take the [`listener`](Self::listener)) and
+    /// serve until [`TestApiServer::shutdown`] or drop.
     pub async fn start(self) -> Result<TestApiServer, Error> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(Error::Bind)?;
-        let addr = listener.local_addr().map_err(Error::Bind)?;
+        let server_config = self
+            .tls
+            .as_ref()
+            .map(ServerTls::server_config)
+            .transpose()?;
+        let (listener, addr) = match self.listener {
+            Some(listener) => {
+                listener.set_nonblocking(true).map_err(Error::Listener)?;
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).map_err(Error::Listener)?;
+                let addr = listener.local_addr().map_err(Error::Listener)?;
+                (listener, addr)
+            }
+            None => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(Error::Bind)?;
+                let addr = listener.local_addr().map_err(Error::Bind)?;
+                (listener, addr)
+            }
+        };
         let store = Arc::new(Store::new(self.registry, self.history_limit));
         let shutdown = CancellationToken::new();
         let (expiry_tx, expiry_rx) = tokio::sync::watch::channel(0u64);
@@ -131,17 +180,21 @@ impl TestApiServerBuilder {
             .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(app);
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::warn!(error = %e, "test API server stopped with an error");
+        let task = match server_config {
+            None => tokio::spawn(serve(listener, router, stop)),
+            Some(config) => {
+                let (listener, acceptor) =
+                    tls::spawn_acceptor(listener, config, stop.clone()).map_err(Error::Listener)?;
+                tokio::spawn(async move {
+                    serve(listener, router, stop).await;
+                    let _ = acceptor.await;
+                })
             }
-        });
-        tracing::debug!(%addr, "test API server listening");
+        };
+        tracing::debug!(%addr, tls = self.tls.is_some(), "test API server listening");
         Ok(TestApiServer {
             addr,
+            tls: self.tls,
             store,
             shutdown,
             expiry: expiry_tx,
@@ -150,9 +203,31 @@ impl TestApiServerBuilder {
     }
 }
 
+async fn serve<L>(listener: L, router: axum::Router, stop: CancellationToken)
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "test API server stopped with an error");
+    }
+}
+
+/// Base64 as kubeconfig `*-data` fields hold it.
+fn base64(text: &str) -> String {
+    match serde_json::to_value(k8s_openapi::ByteString(text.as_bytes().to_vec())) {
+        Ok(serde_json::Value::String(encoded)) => encoded,
+        _ => unreachable!("a ByteString always serializes to a base64 string"),
+    }
+}
+
 /// A running in-process API server; stops on [`shutdown`](Self::shutdown) or drop.
 pub struct TestApiServer {
     addr: SocketAddr,
+    tls: Option<ServerTls>,
     store: Arc<Store>,
     shutdown: CancellationToken,
     expiry: tokio::sync::watch::Sender<u64>,
@@ -165,43 +240,90 @@ impl TestApiServer {
             registry: Registry::default(),
             history_limit: 1000,
             bookmark_interval: Duration::from_secs(1),
+            tls: None,
+            listener: None,
         }
     }
 
-    /// `http://127.0.0.1:<port>`
+    /// `http://127.0.0.1:<port>`, or `https://127.0.0.1:<port>` with [TLS](TestApiServerBuilder::tls).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("{scheme}://{addr}")
     }
 
     /// A client for this server (default namespace `default`). Must be called inside a tokio runtime.
+    /// With TLS it is built from [`kubeconfig`](Self::kubeconfig): it trusts only
+    /// [`ServerTls::ca_pem`], checks the server's name and presents
+    /// [`ServerTls::client_identity`] if set.
     pub fn client(&self) -> kube::Client {
         self.try_client()
-            .expect("a plain-HTTP kube client for a loopback URL always builds")
+            .expect("a kube client for the server's own loopback URL and checked TLS material always builds")
     }
 
     /// Like [`client`](Self::client), returning the error instead of panicking.
     pub fn try_client(&self) -> Result<kube::Client, Error> {
+        if self.tls.is_some() {
+            return self.client_from(self.kubeconfig());
+        }
         let url = self.url();
         let uri: http::Uri = url.parse().expect("a socket address forms a valid URI");
         kube::Client::try_from(kube::Config::new(uri))
             .map_err(|source| Error::Client { url, source })
     }
 
+    fn client_from(&self, kubeconfig: Kubeconfig) -> Result<kube::Client, Error> {
+        let url = self.url();
+        let config = kube::Config::try_from(kubeconfig).map_err(|source| Error::Kubeconfig {
+            url: url.clone(),
+            source,
+        })?;
+        kube::Client::try_from(config).map_err(|source| Error::Client { url, source })
+    }
+
     /// A kubeconfig (cluster, user and context all named `test-apiserver`) pointing at this server.
+    /// With TLS it carries `certificate-authority-data` ([`ServerTls::ca_pem`]) and, when
+    /// [`ServerTls::client_identity`] is set, that client certificate and key.
     pub fn kubeconfig(&self) -> Kubeconfig {
+        let identity = self
+            .tls
+            .as_ref()
+            .and_then(|tls| tls.client_identity.as_ref());
+        self.kubeconfig_for(identity.map(|(cert, key)| (cert.as_str(), key.as_str())))
+    }
+
+    /// Like [`kubeconfig`](Self::kubeconfig), with this client certificate and key
+    /// (PEM) as the user, whoever signed them.
+    pub fn kubeconfig_with_identity(&self, cert_pem: &str, key_pem: &str) -> Kubeconfig {
+        self.kubeconfig_for(Some((cert_pem, key_pem)))
+    }
+
+    fn kubeconfig_for(&self, identity: Option<(&str, &str)>) -> Kubeconfig {
         let name = "test-apiserver".to_string();
+        let auth_info = match identity {
+            Some((cert_pem, key_pem)) => kube::config::AuthInfo {
+                client_certificate_data: Some(base64(cert_pem)),
+                client_key_data: Some(base64(key_pem).into()),
+                ..Default::default()
+            },
+            None => Default::default(),
+        };
         Kubeconfig {
             clusters: vec![NamedCluster {
                 name: name.clone(),
                 cluster: Some(Cluster {
                     server: Some(self.url()),
+                    certificate_authority_data: self.tls.as_ref().map(|tls| base64(&tls.ca_pem)),
                     ..Default::default()
                 }),
                 ..Default::default()
             }],
             auth_infos: vec![NamedAuthInfo {
                 name: name.clone(),
-                auth_info: Some(Default::default()),
+                auth_info: Some(auth_info),
                 ..Default::default()
             }],
             contexts: vec![NamedContext {
@@ -286,6 +408,26 @@ mod tests {
             .unwrap();
         assert!(cms.get_opt("from-kubeconfig").await.unwrap().is_some());
         server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn plain_http_serves_on_the_callers_listener() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = TestApiServer::builder()
+            .with_core_resources()
+            .listener(listener)
+            .start()
+            .await
+            .unwrap();
+        assert_eq!(server.url(), format!("http://127.0.0.1:{port}"));
+        let cluster = server.kubeconfig().clusters[0].cluster.clone().unwrap();
+        assert_eq!(cluster.certificate_authority_data, None);
+        let cms: Api<ConfigMap> = Api::default_namespaced(server.client());
+        cms.create(&PostParams::default(), &config_map("on-the-port"))
+            .await
+            .unwrap();
+        assert!(cms.get_opt("on-the-port").await.unwrap().is_some());
     }
 
     #[tokio::test]
