@@ -155,6 +155,7 @@ pub fn secrets_view(
     SecretsView {
         cluster: cluster.to_string(),
         etcd_embedded: kcp.etcd_is_embedded(),
+        initialized: super::view::is_initialized(kcp),
         server_ca: ca_state(objects.server_ca.as_ref(), kcp),
         client_ca: ca_state(objects.client_ca.as_ref(), kcp),
         etcd_ca: ca_state(objects.etcd_ca.as_ref(), kcp),

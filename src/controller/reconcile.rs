@@ -183,7 +183,7 @@ async fn settle_lifecycle(
     let gone = matches!(
         lifecycle,
         Lifecycle::Delete {
-            step: DeletionStep::RemoveFinalizer | DeletionStep::Done,
+            step: DeletionStep::RemoveFinalizer,
             ..
         }
     );

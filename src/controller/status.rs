@@ -150,6 +150,9 @@ pub fn kcp_status(
         None => {
             let (reason, message) = match lifecycle {
                 Lifecycle::MixedManagement { .. } => ("CannotDecide", lifecycle.message()),
+                Lifecycle::Secrets { plan } if plan.blocked.is_some() => {
+                    ("CannotDecide", lifecycle.message())
+                }
                 _ => ("NotRemediating", String::new()),
             };
             conditions::set(

@@ -16,7 +16,12 @@ use kube::Api;
 use kube::api::DeleteParams;
 use tokio::time::Instant;
 
+use kube::ResourceExt;
+
+use crate::api::names::CONTROL_PLANE_LABEL;
 use crate::etcd::{EtcdError, Transport};
+
+use super::bringup::bootstrap_inputs;
 
 use super::sandbox::{Sandbox, SandboxError};
 
@@ -154,6 +159,54 @@ async fn wait_voter_in_sync(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What one pass of [`reconcile_infrastructure`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InfraPass {
+    pub provisioned: Vec<String>,
+    pub decommissioned: Vec<String>,
+}
+
+/// One pass of the simulated infrastructure provider over the Machines, as a
+/// real one reacts to them: a control-plane Machine that is new (no nodeRef,
+/// not deleting, not booted yet) boots from its bootstrap inputs (its
+/// KThreesConfig and the join token must exist) and joins; a booted Machine
+/// that is gone is decommissioned.
+pub async fn reconcile_infrastructure(
+    sandbox: &mut Sandbox,
+    limit: Duration,
+) -> Result<InfraPass, SandboxError> {
+    let list = sandbox
+        .machines_api()
+        .list(&Default::default())
+        .await
+        .map_err(|e| SandboxError(format!("list Machines: {e}")))?;
+    let mut pass = InfraPass::default();
+    let present: std::collections::HashSet<String> =
+        list.items.iter().map(|m| m.name_any()).collect();
+    for machine in sandbox.machines.clone() {
+        if !machine.is_empty() && !present.contains(&machine) {
+            decommission(sandbox, &machine).await?;
+            if let Some(slot) = sandbox.machines.iter_mut().find(|m| **m == machine) {
+                slot.clear();
+            }
+            pass.decommissioned.push(machine);
+        }
+    }
+    for m in &list.items {
+        let name = m.name_any();
+        let new = m.labels().contains_key(CONTROL_PLANE_LABEL)
+            && !m.is_deleting()
+            && m.node_name().is_none()
+            && !sandbox.machines.contains(&name);
+        if new {
+            bootstrap_inputs(&sandbox.client(), &name).await?;
+            provision(sandbox, &name, limit).await?;
+            pass.provisioned.push(name);
+        }
+    }
+    Ok(pass)
 }
 
 /// A deleted Machine's server goes away: its etcd process is stopped (a removed

@@ -3,6 +3,7 @@
 //! and member names, and what CAPI's Machine controller does on deletion.
 //! Lives in `src/` (not `tests/`) because the demo uses it too.
 
+pub mod bringup;
 pub mod capi_sim;
 pub mod etcd;
 pub mod infra_sim;

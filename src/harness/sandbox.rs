@@ -193,6 +193,34 @@ pub fn fast_settings() -> Settings {
     }
 }
 
+/// A controller context on `client` (a management API), with `settings`.
+pub fn controller_context(client: kube::Client, settings: Settings) -> Arc<Context> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let timeouts = Timeouts {
+        confirm: Duration::from_secs(30),
+        ..Timeouts::default()
+    };
+    Context::new(client, metrics, EtcdPool::with_timeouts(timeouts), settings)
+}
+
+/// Run the real controller loop with `ctx` until the handle stops or drops.
+pub fn spawn_controller(ctx: Arc<Context>) -> ControllerHandle {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run_ctx = ctx.clone();
+    let task = tokio::spawn(async move {
+        controller::run(run_ctx, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    ControllerHandle {
+        ctx,
+        stop: Some(stop),
+        task,
+    }
+}
+
 pub struct Sandbox {
     pub etcd: EtcdTestCluster,
     pub management: TestApiServer,
@@ -554,35 +582,33 @@ impl Sandbox {
 
     /// A controller context on the management API server, with short requeues.
     pub fn context(&self) -> Arc<Context> {
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(&mut registry);
-        let timeouts = Timeouts {
-            confirm: Duration::from_secs(30),
-            ..Timeouts::default()
-        };
-        Context::new(
-            self.client(),
-            metrics,
-            EtcdPool::with_timeouts(timeouts),
-            fast_settings(),
-        )
+        controller_context(self.client(), fast_settings())
     }
 
     /// Start the real controller loop against this sandbox.
     pub fn start_controller(&self) -> ControllerHandle {
-        let ctx = self.context();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let run_ctx = ctx.clone();
-        let task = tokio::spawn(async move {
-            controller::run(run_ctx, async {
-                let _ = stopped.await;
-            })
-            .await;
-        });
-        ControllerHandle {
-            ctx,
-            stop: Some(stop),
-            task,
+        spawn_controller(self.context())
+    }
+
+    /// Start the real controller loop with these settings.
+    pub fn start_controller_with(&self, settings: Settings) -> ControllerHandle {
+        spawn_controller(controller_context(self.client(), settings))
+    }
+
+    /// Put a sandbox together from parts that already run (the bring-up world
+    /// builds it once its first server booted).
+    pub(crate) fn assemble(
+        etcd: EtcdTestCluster,
+        management: TestApiServer,
+        workload: TestApiServer,
+        capi: MachineDeletionSim,
+    ) -> Self {
+        Sandbox {
+            etcd,
+            management,
+            workload,
+            _capi: capi,
+            machines: vec![],
         }
     }
 

@@ -148,6 +148,12 @@ pub fn decide(view: &LifecycleView) -> Lifecycle {
                 .collect(),
             has_finalizer: view.has_finalizer,
         });
+        // Only the KThreesControlPlane's own deletion lets it go; for a
+        // deleting Cluster, CAPI deletes the control plane object next.
+        let step = match step {
+            DeletionStep::RemoveFinalizer if !view.kcp_deleting => DeletionStep::Done,
+            step => step,
+        };
         return Lifecycle::Delete {
             step,
             trigger: trigger.into(),
@@ -201,6 +207,7 @@ mod tests {
             secrets: SecretsView {
                 cluster: "c".into(),
                 etcd_embedded: true,
+                initialized: false,
                 server_ca: valid.clone(),
                 client_ca: valid.clone(),
                 etcd_ca: valid.clone(),
@@ -287,6 +294,14 @@ mod tests {
                     v.machines.clear();
                 }),
                 "deletion.remove-finalizer",
+            ),
+            (
+                "Cluster deleted and every machine gone: the control plane waits for its own deletion",
+                with(|v| {
+                    v.cluster = cluster(true, false, true);
+                    v.machines.clear();
+                }),
+                "deletion.done",
             ),
             (
                 "no finalizer yet: add it before anything is created",

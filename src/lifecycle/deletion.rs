@@ -74,7 +74,9 @@ impl DeletionStep {
             DeletionStep::RemoveFinalizer => {
                 "every control-plane Machine is gone; removing the finalizer".to_string()
             }
-            DeletionStep::Done => "deleted".to_string(),
+            DeletionStep::Done => {
+                "every control-plane Machine is gone; waiting for the KThreesControlPlane itself to be deleted".to_string()
+            }
         }
     }
 }

@@ -88,6 +88,10 @@ pub enum KubeconfigState {
 pub struct SecretsView {
     pub cluster: String,
     pub etcd_embedded: bool,
+    /// Once the control plane is initialized its servers run on these CAs: a
+    /// CA that disappears is restored by a person, never generated anew (a new
+    /// CA would not match what the servers trust).
+    pub initialized: bool,
     pub server_ca: SecretState,
     pub client_ca: SecretState,
     pub etcd_ca: SecretState,
@@ -106,6 +110,7 @@ impl SecretsView {
         SecretsView {
             cluster: cluster.to_string(),
             etcd_embedded,
+            initialized: false,
             server_ca: SecretState::Missing,
             client_ca: SecretState::Missing,
             etcd_ca: SecretState::Missing,
@@ -176,6 +181,10 @@ pub fn plan_secrets(view: &SecretsView) -> SecretPlan {
     let mut writes = Vec::new();
     for purpose in view.needed_cas() {
         match view.ca(purpose) {
+            SecretState::Missing if view.initialized => problems.push(format!(
+                "Secret {} is missing but the control plane is initialized: its servers trust that CA, so a new one is not generated; restore the Secret",
+                purpose.secret_name(&view.cluster)
+            )),
             SecretState::Missing => writes.push(SecretWrite::GenerateCa { purpose }),
             SecretState::Invalid { reason } => problems.push(reason.clone()),
             SecretState::Valid { .. } => {}
@@ -287,6 +296,7 @@ mod tests {
         SecretsView {
             cluster: "c".into(),
             etcd_embedded: true,
+            initialized: false,
             server_ca: valid(true),
             client_ca: valid(true),
             etcd_ca: valid(true),
@@ -319,7 +329,13 @@ mod tests {
             v.kubeconfig = KubeconfigState::Missing;
         });
         // (situation, view, writes, certificates available, kubeconfig pending)
-        type Case<'a> = (&'a str, SecretsView, Vec<SecretWrite>, bool, Option<&'a str>);
+        type Case<'a> = (
+            &'a str,
+            SecretsView,
+            Vec<SecretWrite>,
+            bool,
+            Option<&'a str>,
+        );
         let cases: Vec<Case> = vec![
             (
                 "everything present and fresh: nothing to write",
@@ -423,6 +439,26 @@ mod tests {
             Some("Secret ns/c-cca: key tls.key is missing")
         );
         assert!(!plan.certificates_available);
+    }
+
+    #[test]
+    fn a_ca_lost_after_initialization_is_not_generated_anew() {
+        let plan = plan_secrets(&with(|v| {
+            v.initialized = true;
+            v.etcd_ca = SecretState::Missing;
+        }));
+        assert!(plan.writes.is_empty(), "{:?}", plan.writes);
+        let blocked = plan.blocked.expect("refused");
+        assert!(
+            blocked.contains("c-etcd") && blocked.contains("restore"),
+            "{blocked}"
+        );
+        // The token is not a CA: a lost one is generated again.
+        let plan = plan_secrets(&with(|v| {
+            v.initialized = true;
+            v.token = SecretState::Missing;
+        }));
+        assert_eq!(plan.writes, vec![SecretWrite::GenerateToken]);
     }
 
     #[test]
