@@ -179,3 +179,61 @@ async fn a_bad_infrastructure_reference_fails_naming_the_object_and_field() {
         .unwrap();
     assert_eq!(machines.items.len(), 3, "nothing created");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_machine_it_does_not_own_stops_every_action() {
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let ctx = sandbox.context();
+    // A control-plane Machine of the same Cluster, controlled by someone else.
+    let foreign: k3s_control_plane::api::Machine = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "other-cp", "namespace": "default", "labels": {
+            "cluster.x-k8s.io/cluster-name": "demo", "cluster.x-k8s.io/control-plane": ""}},
+        "spec": {"clusterName": "demo", "bootstrap": {}, "infrastructureRef": {
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "other-cp"}}
+    }))
+    .unwrap();
+    sandbox
+        .machines_api()
+        .create(&Default::default(), &foreign)
+        .await
+        .unwrap();
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .unwrap();
+    let versions = || async {
+        let mut v: Vec<(String, String)> = sandbox
+            .machines_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|m| (m.name_any(), m.resource_version().unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = versions().await;
+    for _ in 0..2 {
+        reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
+    }
+    assert_eq!(versions().await, before, "nothing created or touched");
+    let kcp = sandbox.kcp_api().get(KCP).await.unwrap();
+    let remediating = condition(&kcp, "Remediating");
+    assert_eq!(remediating.reason, "CannotDecide");
+    assert!(
+        remediating.message.contains("other-cp")
+            && remediating
+                .message
+                .contains("not owned by this KThreesControlPlane"),
+        "{}",
+        remediating.message
+    );
+}

@@ -5,8 +5,9 @@ use serde::Serialize;
 use crate::api::Machine;
 use crate::api::names::{HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION};
 use crate::controller::plan::{Refusal, plan};
-use crate::controller::view::mapping;
+use crate::controller::view::{lifecycle_view, mapping};
 use crate::controller::world::{EtcdObservation, WorkloadState, World};
+use crate::lifecycle::{Lifecycle, decide as decide_lifecycle};
 use crate::membership::{Ambiguity, MatchRule, MembershipMap};
 use crate::quorum::Assessment;
 
@@ -116,6 +117,17 @@ fn condition_status(machine: &Machine, type_: &str) -> Option<bool> {
         Some(false)
     } else {
         None
+    }
+}
+
+/// The action word `inspect` shows for a lifecycle decision.
+fn lifecycle_action(lifecycle: &Lifecycle) -> &'static str {
+    match lifecycle {
+        Lifecycle::Delete { step, .. } => step.name(),
+        Lifecycle::AddFinalizer => "add-finalizer",
+        Lifecycle::Secrets { plan } if plan.blocked.is_none() => "write-secrets",
+        Lifecycle::Proceed { .. } => "proceed",
+        _ => "wait",
     }
 }
 
@@ -236,21 +248,37 @@ impl Report {
                 alarms_error: snap.alarms_error.clone(),
             },
         };
-        let next = match plan(world) {
-            Ok(plan) => {
-                let summary = plan.summary();
-                NextReport {
-                    refused: false,
-                    action: Some(summary.action),
-                    rule: summary.rule,
-                    message: summary.message,
+        let lifecycle = (world.cluster_name.is_some()
+            || world.kcp.metadata.deletion_timestamp.is_some())
+        .then(|| decide_lifecycle(&lifecycle_view(world)))
+        .filter(|l| !matches!(l, Lifecycle::Proceed { .. }));
+        let next = match (lifecycle, plan(world)) {
+            (Some(lifecycle), _) => NextReport {
+                refused: match &lifecycle {
+                    Lifecycle::MixedManagement { .. } => true,
+                    Lifecycle::Secrets { plan } => plan.blocked.is_some(),
+                    _ => false,
+                },
+                action: Some(lifecycle_action(&lifecycle).to_string()),
+                rule: lifecycle.rule(),
+                message: lifecycle.message(),
+            },
+            (None, planned) => match planned {
+                Ok(plan) => {
+                    let summary = plan.summary();
+                    NextReport {
+                        refused: false,
+                        action: Some(summary.action),
+                        rule: summary.rule,
+                        message: summary.message,
+                    }
                 }
-            }
-            Err(refusal) => NextReport {
-                refused: true,
-                action: None,
-                rule: refusal_rule(&refusal).to_string(),
-                message: refusal.to_string(),
+                Err(refusal) => NextReport {
+                    refused: true,
+                    action: None,
+                    rule: refusal_rule(&refusal).to_string(),
+                    message: refusal.to_string(),
+                },
             },
         };
         Report {
@@ -316,10 +344,53 @@ mod report_tests {
     use crate::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
     use crate::workload::ControlPlaneNode;
 
+    /// Every cluster Secret there and usable (a control plane brought up before).
+    fn settled_secrets() -> crate::lifecycle::SecretsView {
+        use crate::lifecycle::{KubeconfigState, SecretState};
+        let valid = SecretState::Valid { owned: true };
+        crate::lifecycle::SecretsView {
+            server_ca: valid.clone(),
+            client_ca: valid.clone(),
+            etcd_ca: valid.clone(),
+            token: valid,
+            kubeconfig: KubeconfigState::Present {
+                owned: false,
+                client_not_after: None,
+                server: None,
+                problem: None,
+            },
+            ..crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now())
+        }
+    }
+
+    #[test]
+    fn a_lifecycle_step_is_the_next_thing_inspect_shows() {
+        let mut w = world(vec![], vec![], vec![]);
+        w.foreign_machines = vec!["other-cp".into()];
+        let report = Report::from_world(&w);
+        assert!(report.next.refused);
+        assert_eq!(report.next.rule, "lifecycle.mixed-management");
+        assert!(
+            report.next.message.contains("other-cp"),
+            "{}",
+            report.next.message
+        );
+        w.foreign_machines.clear();
+        w.kcp.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        w.workers = vec!["w-1".into()];
+        let report = Report::from_world(&w);
+        assert_eq!(report.next.rule, "deletion.wait-for-workers");
+        assert_eq!(report.next.action.as_deref(), Some("wait-for-workers"));
+    }
+
     fn kcp() -> KThreesControlPlane {
         serde_json::from_value(json!({
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1},
+            "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
+                         "finalizers": [crate::api::names::KCP_FINALIZER]},
             "spec": {
                 "replicas": 3, "version": "v1.30.2+k3s2",
                 "machineTemplate": {"infrastructureRef": {
@@ -389,11 +460,19 @@ mod report_tests {
         World {
             kcp: kcp(),
             cluster_name: Some("c".into()),
-            cluster: None,
+            cluster: Some(
+                serde_json::from_value(json!({
+                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                    "metadata": {"name": "c", "namespace": "ns"},
+                    "spec": {},
+                    "status": {"initialization": {"infrastructureProvisioned": true}}
+                }))
+                .unwrap(),
+            ),
             machines,
             foreign_machines: vec![],
             workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
+            secrets: settled_secrets(),
             workload: WorkloadState::Nodes(nodes),
             etcd: EtcdObservation::Observed(MembershipSnapshot {
                 cluster_id: 7,
