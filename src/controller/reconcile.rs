@@ -18,7 +18,10 @@ use super::create::ensure_template_owner;
 use super::error::{Error, Result};
 use super::observe::{observe_management, observe_workload};
 use super::plan::{Action, Refusal, plan};
-use super::status::{kcp_status, machine_conditions, write_kcp_status, write_machine_conditions};
+use super::status::{
+    kcp_status, machine_conditions, write_kcp_status, write_kcp_status_after,
+    write_machine_conditions,
+};
 use super::view::lifecycle_view;
 use super::world::World;
 use crate::lifecycle::{DeletionStep, Lifecycle, decide as decide_lifecycle, plan_secrets};
@@ -125,15 +128,8 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         outcome.last_remediation,
     );
     let status_changed = kcp.status.as_ref() != Some(&status);
-    // The KCP may have changed under us (an annotation step): re-read its version.
-    let fresh = kcps
-        .get_status(&kcp.name_any())
-        .await
-        .map_err(|source| Error::Status {
-            context: format!("KThreesControlPlane {}", kcp.name_any()),
-            source,
-        })?;
-    write_kcp_status(&kcps, &fresh, &status).await?;
+    let acted = matches!(plan.action, Action::Step { .. } | Action::CreateMachine);
+    write_kcp_status_after(&kcps, kcp, acted, &status).await?;
 
     match &plan.action {
         Action::Wait => {
@@ -192,15 +188,11 @@ async fn settle_lifecycle(
     }
     let status = kcp_status(world, lifecycle, None, None);
     let changed = kcp.status.as_ref() != Some(&status);
-    // Acting may have changed the object (the finalizer): write on its latest version.
-    let fresh = kcps
-        .get_status(&kcp.name_any())
-        .await
-        .map_err(|source| Error::Status {
-            context: format!("KThreesControlPlane {}", kcp.name_any()),
-            source,
-        })?;
-    write_kcp_status(kcps, &fresh, &status).await?;
+    let acted = matches!(
+        lifecycle,
+        Lifecycle::AddFinalizer | Lifecycle::Secrets { .. } | Lifecycle::Delete { .. }
+    );
+    write_kcp_status_after(kcps, kcp, acted, &status).await?;
     if changed {
         info!(rule = %rule, "{}", lifecycle.message());
     }

@@ -394,6 +394,29 @@ pub async fn write_kcp_status(
     Ok(())
 }
 
+/// Write `status` computed from `observed`. When this reconcile `acted` (an
+/// annotation, the finalizer, a Secret), the object may have changed since it
+/// was read, so its latest version is read first; otherwise nothing is read
+/// or written when the status is unchanged.
+pub async fn write_kcp_status_after(
+    api: &Api<KThreesControlPlane>,
+    observed: &KThreesControlPlane,
+    acted: bool,
+    status: &KThreesControlPlaneStatus,
+) -> Result<()> {
+    if !acted {
+        return write_kcp_status(api, observed, status).await;
+    }
+    let fresh = api
+        .get_status(&observed.name_any())
+        .await
+        .map_err(|source| Error::Status {
+            context: format!("KThreesControlPlane {}", observed.name_any()),
+            source,
+        })?;
+    write_kcp_status(api, &fresh, status).await
+}
+
 /// Apply `changes` to the Machine's conditions and write them if they changed,
 /// guarded by the Machine's resourceVersion.
 pub async fn write_machine_conditions(

@@ -10,12 +10,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::pki::signer::CaSigner;
 use etcd_client::{Certificate, Identity, TlsOptions};
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use rustls::SignatureScheme;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::SigningKey as RustlsSigningKey;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -275,76 +275,17 @@ impl fmt::Debug for ClientIdentity {
     }
 }
 
-/// An rcgen signer backed by a rustls signing key, so that CA keys in any PEM
-/// form (PKCS#8, SEC1 as k3s writes them, PKCS#1) can sign; rcgen with ring only
-/// reads PKCS#8.
-struct CaSigner {
-    key: Arc<dyn RustlsSigningKey>,
-    scheme: SignatureScheme,
-    algorithm: &'static rcgen::SignatureAlgorithm,
-    public_key: Vec<u8>,
-}
-
-impl CaSigner {
-    fn new(field: &str, key: Arc<dyn RustlsSigningKey>) -> Result<Self, TlsError> {
-        let candidates: [(SignatureScheme, &'static rcgen::SignatureAlgorithm); 4] = [
-            (
-                SignatureScheme::ECDSA_NISTP256_SHA256,
-                &rcgen::PKCS_ECDSA_P256_SHA256,
-            ),
-            (
-                SignatureScheme::ECDSA_NISTP384_SHA384,
-                &rcgen::PKCS_ECDSA_P384_SHA384,
-            ),
-            (SignatureScheme::ED25519, &rcgen::PKCS_ED25519),
-            (SignatureScheme::RSA_PKCS1_SHA256, &rcgen::PKCS_RSA_SHA256),
-        ];
-        let (scheme, algorithm) = candidates
-            .into_iter()
-            .find(|(scheme, _)| key.choose_scheme(&[*scheme]).is_some())
-            .ok_or_else(|| TlsError::Mint {
-                field: field.to_string(),
-                reason: "unsupported CA key algorithm".into(),
-            })?;
-        let spki = key.public_key().ok_or_else(|| TlsError::Mint {
-            field: field.to_string(),
-            reason: "cannot derive the CA public key".into(),
-        })?;
-        let (_, info) =
-            x509_parser::x509::SubjectPublicKeyInfo::from_der(spki.as_ref()).map_err(|e| {
-                TlsError::Mint {
-                    field: field.to_string(),
-                    reason: e.to_string(),
-                }
-            })?;
-        let public_key = info.subject_public_key.data.to_vec();
-        Ok(Self {
-            key,
-            scheme,
-            algorithm,
-            public_key,
-        })
-    }
-}
-
-impl rcgen::PublicKeyData for CaSigner {
-    fn der_bytes(&self) -> &[u8] {
-        &self.public_key
-    }
-
-    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
-        self.algorithm
-    }
-}
-
-impl rcgen::SigningKey for CaSigner {
-    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-        let signer = self
-            .key
-            .choose_scheme(&[self.scheme])
-            .ok_or(rcgen::Error::RemoteKeyError)?;
-        signer.sign(msg).map_err(|_| rcgen::Error::RemoteKeyError)
-    }
+/// A [`CaSigner`] for the etcd CA key read from `field`.
+fn ca_signer(field: &str, key: Arc<dyn RustlsSigningKey>) -> Result<CaSigner, TlsError> {
+    let mint = |reason: String| TlsError::Mint {
+        field: field.to_string(),
+        reason,
+    };
+    let spki = key
+        .public_key()
+        .ok_or_else(|| mint("cannot derive the CA public key".into()))?;
+    let spki = spki.as_ref().to_vec();
+    CaSigner::new(key, &spki).map_err(mint)
 }
 
 /// Mints short-lived client certificates (ClientAuth, CN `cluster-api.x-k8s.io`)
@@ -380,7 +321,7 @@ impl ClientCertMinter {
         let key = parse_key(ca_key_field, ca_key_pem)?;
         let key = signing_key(ca_key_field, &key)?;
         check_key_matches(key.as_ref(), ca_key_field, &certs[0], ca_cert_field)?;
-        let signer = CaSigner::new(ca_key_field, key)?;
+        let signer = ca_signer(ca_key_field, key)?;
         let minter = Self {
             ca_field: ca_cert_field.to_string(),
             ca_cert_pem: String::from_utf8_lossy(ca_cert_pem).into_owned(),

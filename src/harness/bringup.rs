@@ -19,10 +19,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use rcgen::{ExtendedKeyUsagePurpose, SanType};
-use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -36,7 +35,7 @@ use super::etcd::EtcdTestCluster;
 use super::pki::TestCa;
 use super::sandbox::{
     CLUSTER, ControllerHandle, KCP, NAMESPACE, Sandbox, SandboxError, cluster_object,
-    controller_context, docker_machine_template, fast_settings, kcp_object, management_server,
+    controller_context, create_machine_template, fast_settings, kcp_object, management_server,
     mark_infrastructure_provisioned, spawn_controller,
 };
 
@@ -191,16 +190,7 @@ impl BringUp {
             .await
             .map_err(err("create Cluster"))?;
         mark_infrastructure_provisioned(&clusters, CLUSTER).await?;
-        let templates: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), NAMESPACE, &docker_machine_template());
-        let mut template =
-            DynamicObject::new(&format!("{KCP}-template"), &docker_machine_template())
-                .within(NAMESPACE);
-        template.data = json!({"spec": {"template": {"spec": {"extraMounts": []}}}});
-        templates
-            .create(&PostParams::default(), &template)
-            .await
-            .map_err(err("create DockerMachineTemplate"))?;
+        create_machine_template(&client).await?;
         let kcp = kcp_object(KCP, &cluster, replicas);
         self.kcp_api()
             .create(&PostParams::default(), &kcp)

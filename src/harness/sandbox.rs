@@ -133,6 +133,20 @@ pub fn kcp_object(name: &str, cluster: &Cluster, replicas: i32) -> KThreesContro
     .expect("a well-formed KThreesControlPlane")
 }
 
+/// The infrastructure template `<kcp>-template` the control plane clones from.
+pub async fn create_machine_template(client: &kube::Client) -> Result<(), SandboxError> {
+    let templates: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &docker_machine_template());
+    let mut template = DynamicObject::new(&format!("{KCP}-template"), &docker_machine_template())
+        .within(NAMESPACE);
+    template.data = json!({"spec": {"template": {"spec": {"extraMounts": []}}}});
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .map_err(err("create DockerMachineTemplate"))?;
+    Ok(())
+}
+
 /// What CAPI's Cluster controller reports once the infrastructure provider is
 /// done: `status.initialization.infrastructureProvisioned`.
 pub async fn mark_infrastructure_provisioned(
@@ -317,16 +331,7 @@ impl Sandbox {
             .map_err(err("create Cluster"))?;
         mark_infrastructure_provisioned(&clusters, CLUSTER).await?;
 
-        let templates: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), NAMESPACE, &docker_machine_template());
-        let mut template =
-            DynamicObject::new(&format!("{KCP}-template"), &docker_machine_template())
-                .within(NAMESPACE);
-        template.data = json!({"spec": {"template": {"spec": {"extraMounts": []}}}});
-        templates
-            .create(&PostParams::default(), &template)
-            .await
-            .map_err(err("create DockerMachineTemplate"))?;
+        create_machine_template(&client).await?;
 
         // A control plane that was brought up before: our finalizer is on it
         // and the cluster Secrets exist (here as a user would supply them).

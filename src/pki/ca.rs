@@ -6,7 +6,6 @@
 //! upstream cluster-api-k3s writes). rcgen with ring reads only PKCS#8, so
 //! signing goes through a rustls signing key, which reads all three.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
@@ -14,11 +13,10 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
-use rustls::SignatureScheme;
 use rustls::pki_types::CertificateDer;
-use rustls::sign::SigningKey as RustlsSigningKey;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+use super::signer::CaSigner;
 use super::{CertKeyPem, MAX_LIFETIME, PkiError};
 use crate::api::names::{TLS_CERT_KEY, TLS_KEY_KEY};
 
@@ -298,68 +296,11 @@ impl LoadedCa {
     }
 }
 
-/// An rcgen signer backed by a rustls signing key (any PEM key form).
-struct CaSigner {
-    key: Arc<dyn RustlsSigningKey>,
-    scheme: SignatureScheme,
-    algorithm: &'static rcgen::SignatureAlgorithm,
-    /// The subjectPublicKey bits (not the whole SPKI), as rcgen wants them.
-    public_key: Vec<u8>,
-}
-
-impl CaSigner {
-    fn new(key: Arc<dyn RustlsSigningKey>, spki_der: &[u8]) -> Result<Self, String> {
-        let candidates: [(SignatureScheme, &'static rcgen::SignatureAlgorithm); 4] = [
-            (
-                SignatureScheme::ECDSA_NISTP256_SHA256,
-                &rcgen::PKCS_ECDSA_P256_SHA256,
-            ),
-            (
-                SignatureScheme::ECDSA_NISTP384_SHA384,
-                &rcgen::PKCS_ECDSA_P384_SHA384,
-            ),
-            (SignatureScheme::ED25519, &rcgen::PKCS_ED25519),
-            (SignatureScheme::RSA_PKCS1_SHA256, &rcgen::PKCS_RSA_SHA256),
-        ];
-        let (scheme, algorithm) = candidates
-            .into_iter()
-            .find(|(scheme, _)| key.choose_scheme(&[*scheme]).is_some())
-            .ok_or("unsupported key algorithm (expected ECDSA P-256/P-384, Ed25519 or RSA)")?;
-        let (_, info) = x509_parser::x509::SubjectPublicKeyInfo::from_der(spki_der)
-            .map_err(|e| format!("cannot read its public key: {e}"))?;
-        Ok(Self {
-            key,
-            scheme,
-            algorithm,
-            public_key: info.subject_public_key.data.to_vec(),
-        })
-    }
-}
-
-impl rcgen::PublicKeyData for CaSigner {
-    fn der_bytes(&self) -> &[u8] {
-        &self.public_key
-    }
-
-    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
-        self.algorithm
-    }
-}
-
-impl rcgen::SigningKey for CaSigner {
-    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-        let signer = self
-            .key
-            .choose_scheme(&[self.scheme])
-            .ok_or(rcgen::Error::RemoteKeyError)?;
-        signer.sign(msg).map_err(|_| rcgen::Error::RemoteKeyError)
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use rustls::pki_types::UnixTime;
+    use std::sync::Arc;
 
     /// Test-only CAs made with openssl: upstream cluster-api-k3s style (RSA,
     /// PKCS#1 key, CN `kubernetes`) and k3s style (EC P-256, SEC1 key).

@@ -24,6 +24,7 @@ use std::time::Duration;
 pub mod ca;
 pub mod kubeconfig;
 pub mod secret;
+pub(crate) mod signer;
 pub mod token;
 
 pub use ca::{CA_LIFETIME, ca_common_name, generate_ca, issue_client_cert, not_after, validate_ca};
