@@ -237,3 +237,86 @@ async fn a_control_plane_machine_it_does_not_own_stops_every_action() {
         remediating.message
     );
 }
+
+/// Observe, let someone else write, then act on the stale observation: every
+/// write that carries state between steps is conditional, so it is refused
+/// with a conflict and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
+    use k3s_control_plane::api::names::{
+        PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
+    };
+    use k3s_control_plane::controller::act::act;
+    use k3s_control_plane::controller::observe::observe;
+    use k3s_control_plane::controller::plan::{Action, plan};
+    use k3s_control_plane::remediation::steps::Step;
+
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let ctx = sandbox.context();
+    let target = sandbox.machines[1].clone();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+
+    // Step 1 of the remediation records it on the control plane.
+    let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
+    let planned = plan(&world).unwrap();
+    assert!(
+        matches!(
+            &planned.action,
+            Action::Step {
+                step: Step::RecordRemediation { .. },
+                ..
+            }
+        ),
+        "{:?}",
+        planned.action
+    );
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"someone": "else"}}})),
+        )
+        .await
+        .unwrap();
+    let err = act(&ctx, &world, &planned, etcd).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let now = sandbox.kcp_api().get(KCP).await.unwrap();
+    assert!(
+        !now.annotations()
+            .contains_key(REMEDIATION_IN_PROGRESS_ANNOTATION)
+    );
+
+    // Observed again, it records; step 2 adds the hook on the Machine.
+    reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
+    let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
+    let planned = plan(&world).unwrap();
+    assert!(
+        matches!(
+            &planned.action,
+            Action::Step {
+                step: Step::AddHook { .. },
+                ..
+            }
+        ),
+        "{:?}",
+        planned.action
+    );
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"someone": "else"}}})),
+        )
+        .await
+        .unwrap();
+    let err = act(&ctx, &world, &planned, etcd).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let machine = sandbox.machines_api().get(&target).await.unwrap();
+    assert!(
+        !machine
+            .annotations()
+            .contains_key(PRE_TERMINATE_HOOK_ANNOTATION)
+    );
+}

@@ -67,8 +67,13 @@ pub async fn act(
         source,
     };
     match step {
+        // Writes that act as locks or carry state between steps are
+        // conditional on the version observed: a 409 means observe again.
         Step::RecordRemediation { value } => {
-            let patch = json!({"metadata": {"annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()}}});
+            let patch = json!({"metadata": {
+                "resourceVersion": kcp.resource_version(),
+                "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()},
+            }});
             kcps.patch(
                 &kcp.name_any(),
                 &PatchParams::default(),
@@ -78,7 +83,10 @@ pub async fn act(
             .map_err(act_err)?;
         }
         Step::AddHook { machine, member } => {
-            let patch = json!({"metadata": {"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(*member)}}});
+            let patch = json!({"metadata": {
+                "resourceVersion": observed_version(world, machine),
+                "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(*member)},
+            }});
             machines
                 .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -130,7 +138,10 @@ pub async fn act(
             info!(?removed, %assessment, "etcd member removed");
         }
         Step::ReleaseHook { machine } => {
-            let patch = json!({"metadata": {"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null}}});
+            let patch = json!({"metadata": {
+                "resourceVersion": observed_version(world, machine),
+                "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null},
+            }});
             match machines
                 .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -147,8 +158,10 @@ pub async fn act(
                 Some(crate::api::RemediationData::from_model(remediation_for));
         }
         Step::ClearRemediationInProgress => {
-            let patch =
-                json!({"metadata": {"annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: null}}});
+            let patch = json!({"metadata": {
+                "resourceVersion": kcp.resource_version(),
+                "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: null},
+            }});
             kcps.patch(
                 &kcp.name_any(),
                 &PatchParams::default(),
@@ -168,6 +181,15 @@ pub async fn act(
     });
     info!(step = %step_name, machine = %removal.machine, "{note}");
     Ok(outcome)
+}
+
+/// The resourceVersion of `machine` as observed (null when it was not: the
+/// patch is then unconditional, as for a Machine that vanished).
+fn observed_version(world: &World, machine: &str) -> serde_json::Value {
+    world
+        .machine(machine)
+        .and_then(|m| m.resource_version())
+        .map_or(serde_json::Value::Null, serde_json::Value::String)
 }
 
 fn require_etcd(

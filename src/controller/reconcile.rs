@@ -102,9 +102,22 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
     tracing::Span::current().record("rule", plan.rule.as_str());
 
     // Conditions first: they must say why, also when acting fails.
+    let mut written = Vec::new();
     for machine in &world.machines {
         let changes = machine_conditions(&world, &plan, machine);
-        write_machine_conditions(&machines, machine, changes).await?;
+        if let Some(updated) = write_machine_conditions(&machines, machine, changes).await? {
+            written.push(updated);
+        }
+    }
+    // Later writes of this reconcile are conditional on these new versions.
+    for updated in written {
+        if let Some(slot) = world
+            .machines
+            .iter_mut()
+            .find(|m| m.metadata.name == updated.metadata.name)
+        {
+            *slot = updated;
+        }
     }
     let outcome = match act(ctx, &world, &plan, etcd).await {
         Ok(outcome) => outcome,

@@ -380,7 +380,9 @@ pub async fn write_kcp_status(
     if kcp.status.as_ref() == Some(status) {
         return Ok(());
     }
-    let patch = json!({"status": status});
+    // Conditional on the version the status was computed from: a concurrent
+    // writer (another replica, a user) makes this a 409 and we observe again.
+    let patch = json!({"metadata": {"resourceVersion": kcp.resource_version()}, "status": status});
     api.patch_status(
         &kcp.name_any(),
         &PatchParams::default(),
@@ -418,12 +420,12 @@ pub async fn write_kcp_status_after(
 }
 
 /// Apply `changes` to the Machine's conditions and write them if they changed,
-/// guarded by the Machine's resourceVersion.
+/// guarded by the Machine's resourceVersion; returns the Machine as written.
 pub async fn write_machine_conditions(
     api: &Api<Machine>,
     machine: &Machine,
     changes: MachineConditions,
-) -> Result<()> {
+) -> Result<Option<Machine>> {
     let mut updated = machine.clone();
     let mut changed = false;
     for c in changes.set {
@@ -437,7 +439,7 @@ pub async fn write_machine_conditions(
         changed |= conditions::remove_v1beta1(updated.v1beta1_conditions_mut(), type_);
     }
     if !changed {
-        return Ok(());
+        return Ok(None);
     }
     let status = updated.status.clone().unwrap_or_default();
     let patch = json!({
@@ -447,15 +449,16 @@ pub async fn write_machine_conditions(
             "deprecated": status.deprecated,
         }
     });
-    api.patch_status(
-        &machine.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        context: format!("Machine {}", machine.name_any()),
-        source,
-    })?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            context: format!("Machine {}", machine.name_any()),
+            source,
+        })?;
+    Ok(Some(written))
 }
