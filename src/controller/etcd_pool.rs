@@ -30,6 +30,8 @@ struct Entry {
 pub struct EtcdPool {
     entries: Arc<Mutex<HashMap<PoolKey, Entry>>>,
     timeouts: Option<Timeouts>,
+    /// Handles built so far (a new cluster, or a changed CA Secret).
+    built: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The etcd CA as read from the `<cluster>-etcd` Secret.
@@ -45,8 +47,8 @@ pub struct EtcdCaPem<'a> {
 impl EtcdPool {
     pub fn with_timeouts(timeouts: Timeouts) -> Self {
         EtcdPool {
-            entries: Default::default(),
             timeouts: Some(timeouts),
+            ..EtcdPool::default()
         }
     }
 
@@ -77,6 +79,10 @@ impl EtcdPool {
             Transport::Direct,
             self.timeouts.unwrap_or_default(),
         )?);
+        self.built
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The old handle (and every connection and certificate it holds) is
+        // dropped here: nothing minted from a previous CA is used again.
         entries.insert(
             key.clone(),
             Entry {
@@ -102,6 +108,11 @@ impl EtcdPool {
             .values()
             .map(|e| e.cluster.connections_opened())
             .sum()
+    }
+
+    /// Handles built since start: one per workload cluster, plus one per CA change.
+    pub fn handles_built(&self) -> u64 {
+        self.built.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn len(&self) -> usize {
