@@ -115,3 +115,81 @@ async fn etcd_ca_rotated_mid_life_rebuilds_connections_and_never_reuses_old_ones
     let admin = sandbox.etcd.connect();
     assert_eq!(snapshot(&sandbox, &admin).await.members.len(), 3);
 }
+
+/// A member added by a join that never completed (a ghost) counts as an
+/// unhealthy voter and blocks every removal; after the grace period the
+/// controller removes it (quorum allowing), and the remediation it blocked then
+/// completes with exactly one replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ghost_member_after_a_failed_join_is_counted_unhealthy_then_cleaned_up() {
+    use e2e_support::spare_ip;
+    use k3s_control_plane::harness::infra_sim::{add_ghost_member, reconcile_infrastructure};
+
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let ghost = add_ghost_member(&sandbox, &spare_ip(&sandbox, 0))
+        .await
+        .unwrap();
+    let target = sandbox.machines[2].clone();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let controller = sandbox.start_controller();
+
+    let ghost_label = format!("{ghost:016x}");
+    sandbox
+        .wait_for(
+            "the ghost counted unhealthy and awaiting its grace period",
+            LIMIT,
+            || async {
+                let kcp = kcp(&sandbox).await;
+                match kcp
+                    .conditions()
+                    .iter()
+                    .find(|c| c.type_ == "EtcdClusterHealthy")
+                {
+                    Some(c)
+                        if c.status == "False"
+                            && c.message.contains(&ghost_label)
+                            && c.message.contains("grace period") =>
+                    {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        machines(&sandbox).await.iter().all(|m| !m.is_deleting()),
+        "remediated past a ghost"
+    );
+
+    let deadline = tokio::time::Instant::now() + LIMIT * 2;
+    loop {
+        reconcile_infrastructure(&mut sandbox, LIMIT).await.unwrap();
+        let all = machines(&sandbox).await;
+        assert!(all.iter().filter(|m| m.is_deleting()).count() <= 1);
+        let admin = sandbox.etcd.connect();
+        let snap = admin.snapshot().await;
+        let done = !all
+            .iter()
+            .any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+            && all.len() == 3
+            && all.iter().all(|m| m.node_name().is_some())
+            && snap
+                .as_ref()
+                .is_ok_and(|s| s.members.len() == 3 && s.member(ghost).is_none());
+        if done {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not recovered in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(event_count(&sandbox, "EtcdOrphanMemberRemoved").await, 1);
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
+    assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
+    controller.stop().await;
+}

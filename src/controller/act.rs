@@ -59,6 +59,33 @@ pub async fn act(
             outcome.created = Some(name);
             return Ok(outcome);
         }
+        Action::RemoveOrphan {
+            member,
+            label,
+            kind,
+            assessment,
+        } => {
+            let step = "remove-orphan-member".to_string();
+            let etcd = require_etcd(&etcd, world, &step)?;
+            let started = Instant::now();
+            let removed = etcd
+                .remove_member(*member)
+                .await
+                .map_err(|source| Error::Etcd { step, source })?;
+            ctx.metrics
+                .etcd_operation("remove_member", started.elapsed());
+            let note = format!("removed {kind} etcd member {label}: {assessment}");
+            info!(?removed, "{note}");
+            publish(
+                ctx,
+                kcp,
+                EventType::Normal,
+                "EtcdOrphanMemberRemoved",
+                &note,
+            )
+            .await;
+            return Ok(outcome);
+        }
         Action::Step { removal, step } => (removal, step),
     };
     let step_name = step.name().to_string();

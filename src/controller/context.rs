@@ -26,6 +26,9 @@ pub struct Settings {
     pub error_backoff_max: Duration,
     /// Lifetime and renewal of the admin kubeconfigs we generate.
     pub kubeconfig: KubeconfigPolicy,
+    /// How long a ghost or orphan etcd member must have been seen before it is
+    /// removed (a join in progress gets this long to finish).
+    pub orphan_grace: Duration,
 }
 
 impl Default for Settings {
@@ -36,6 +39,7 @@ impl Default for Settings {
             error_backoff_min: Duration::from_secs(1),
             error_backoff_max: Duration::from_secs(300),
             kubeconfig: KubeconfigPolicy::default(),
+            orphan_grace: Duration::from_secs(300),
         }
     }
 }
@@ -54,6 +58,9 @@ pub struct Context {
     /// (`<namespace>/<kind>/<name>@<cluster uid>`), so it is checked once per
     /// process, not read on every reconcile.
     pub template_owners: Mutex<std::collections::HashSet<String>>,
+    /// When each etcd member (by cluster, then member id) was first seen.
+    pub members_seen:
+        Mutex<HashMap<String, std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>>>,
 }
 
 impl Context {
@@ -71,6 +78,7 @@ impl Context {
             settings,
             failures: Mutex::new(HashMap::new()),
             template_owners: Mutex::new(Default::default()),
+            members_seen: Mutex::new(HashMap::new()),
         })
     }
 
@@ -88,6 +96,23 @@ impl Context {
             .build()
             .nth(*count - 1)
             .unwrap_or(self.settings.error_backoff_max)
+    }
+
+    /// Record the members of `cluster` seen now; returns when each was first seen
+    /// (members no longer listed are forgotten).
+    pub fn members_first_seen(
+        &self,
+        cluster: &str,
+        members: impl Iterator<Item = u64>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>> {
+        let mut seen = self.members_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let known = seen.entry(cluster.to_string()).or_default();
+        let current: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>> = members
+            .map(|id| (id, known.get(&id).copied().unwrap_or(now)))
+            .collect();
+        *known = current.clone();
+        current
     }
 
     /// A successful reconcile resets `object`'s backoff.

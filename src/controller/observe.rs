@@ -145,6 +145,8 @@ pub async fn observe_management(
                 reason: reason.clone(),
             },
             etcd: EtcdObservation::Unreachable { reason },
+            members_first_seen: Default::default(),
+            orphan_grace: ctx.settings.orphan_grace,
             now,
         };
         return Ok((world, ClusterSecretObjects::default()));
@@ -184,6 +186,8 @@ pub async fn observe_management(
             secrets,
             workload,
             etcd,
+            members_first_seen: Default::default(),
+            orphan_grace: ctx.settings.orphan_grace,
             now,
         },
         objects,
@@ -290,6 +294,13 @@ pub async fn observe_workload(
             }
         }
     };
+    if let EtcdObservation::Observed(snapshot) = &etcd {
+        world.members_first_seen = ctx.members_first_seen(
+            &format!("{namespace}/{cluster_name}"),
+            snapshot.members.iter().map(|m| m.id),
+            world.now,
+        );
+    }
     world.etcd = etcd;
     Ok(handle)
 }

@@ -12,6 +12,7 @@ use crate::api::validate_kcp;
 use crate::membership::MembershipMap;
 use crate::remediation::decide::{Decision, Outcome, decide};
 use crate::remediation::model::ControlPlaneView;
+use crate::remediation::orphans::{OrphanDecision, OrphanInput, decide_orphans};
 use crate::remediation::scale_down::{ScaleDownDecision, decide_scale_down};
 use crate::remediation::steps::{Removal, RemovalKind, Step, next_step, resume};
 
@@ -25,6 +26,13 @@ pub enum Action {
     Step { removal: Removal, step: Step },
     /// Scale up by one Machine.
     CreateMachine,
+    /// Remove a ghost or orphan etcd member (no Machine, no Node claims it).
+    RemoveOrphan {
+        member: u64,
+        label: String,
+        kind: &'static str,
+        assessment: crate::quorum::Assessment,
+    },
     /// Nothing can be done now; the rule and message say why.
     Wait,
     /// Nothing to do.
@@ -55,6 +63,8 @@ pub struct Plan {
     /// The MHC remediation decision (its conditions are written even when
     /// another action runs).
     pub remediation: Decision,
+    /// The ghost/orphan member rule's verdict (also when it waits).
+    pub orphans: OrphanDecision,
     pub action: Action,
     pub rule: String,
     pub message: String,
@@ -73,6 +83,7 @@ impl Plan {
         let action = match &self.action {
             Action::Step { step, .. } => step.name().to_string(),
             Action::CreateMachine => "create-machine".to_string(),
+            Action::RemoveOrphan { .. } => "remove-orphan-member".to_string(),
             Action::Wait => "wait".to_string(),
             Action::Idle => "idle".to_string(),
         };
@@ -99,11 +110,13 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     }
     let view = control_plane_view(world, mapping.as_ref()).map_err(Refusal::View)?;
     let remediation = decide(&view, world.now);
-    let (action, rule, message) = choose(&view, &remediation);
+    let orphans = decide_orphans(&view, &orphan_input(world, mapping.as_ref()), world.now);
+    let (action, rule, message) = choose(&view, &remediation, &orphans);
     Ok(Plan {
         view,
         mapping,
         remediation,
+        orphans,
         action,
         rule,
         message,
@@ -119,7 +132,41 @@ fn step_action(removal: Removal, step: Step) -> (Action, String, String) {
     }
 }
 
-fn choose(view: &ControlPlaneView, remediation: &Decision) -> (Action, String, String) {
+/// The orphan rule's input: members no Machine maps to, the member names the
+/// workload Nodes claim (k3s annotation, or the `<node>-<8 hex>` name).
+fn orphan_input(world: &World, mapping: Option<&MembershipMap>) -> OrphanInput {
+    let claimed_by_nodes = world
+        .snapshot()
+        .map(|s| {
+            s.members
+                .iter()
+                .filter(|m| !m.name.is_empty())
+                .filter(|m| {
+                    world.nodes().iter().any(|n| {
+                        n.etcd_member_name.as_deref() == Some(m.name.as_str())
+                            || crate::membership::node_of_member_name(&m.name)
+                                == Some(n.name.as_str())
+                    })
+                })
+                .map(|m| m.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    OrphanInput {
+        members_without_machine: mapping
+            .map(|m| m.members_without_machine.iter().map(|r| r.id).collect())
+            .unwrap_or_default(),
+        claimed_by_nodes,
+        first_seen: world.members_first_seen.clone(),
+        grace: world.orphan_grace,
+    }
+}
+
+fn choose(
+    view: &ControlPlaneView,
+    remediation: &Decision,
+    orphans: &OrphanDecision,
+) -> (Action, String, String) {
     // 0. A stale record (a Machine was created after it) is cleared before
     // anything is resumed from it: resuming would replace a machine whose
     // replacement already exists, or that was never ours.
@@ -148,7 +195,27 @@ fn choose(view: &ControlPlaneView, remediation: &Decision) -> (Action, String, S
             return step_action(removal, step);
         }
     }
-    // 2. MHC remediation.
+    // 2. A ghost or orphan member nothing claims: it counts against quorum
+    // (and an unnamed one blocks every removal), so it goes first.
+    if let OrphanDecision::Remove {
+        member,
+        label,
+        kind,
+        assessment,
+    } = orphans
+    {
+        return (
+            Action::RemoveOrphan {
+                member: *member,
+                label: label.clone(),
+                kind,
+                assessment: assessment.clone(),
+            },
+            "etcd.orphan-member".into(),
+            format!("removing {kind} etcd member {label}: {assessment}"),
+        );
+    }
+    // 3. MHC remediation.
     let rule = format!("remediation.{}", remediation.rule.as_str());
     match &remediation.outcome {
         Outcome::Remediate(go) => {

@@ -141,7 +141,10 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         outcome.last_remediation,
     );
     let status_changed = kcp.status.as_ref() != Some(&status);
-    let acted = matches!(plan.action, Action::Step { .. } | Action::CreateMachine);
+    let acted = matches!(
+        plan.action,
+        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
+    );
     write_kcp_status_after(&kcps, kcp, acted, &status).await?;
 
     match &plan.action {
@@ -161,7 +164,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             Ok(Requeue::requeue(ctx.settings.wait_requeue))
         }
         Action::Idle => Ok(Requeue::requeue(ctx.settings.idle_requeue)),
-        Action::Step { .. } | Action::CreateMachine => {
+        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. } => {
             Ok(Requeue::requeue(Duration::from_millis(200)))
         }
     }

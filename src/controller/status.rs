@@ -248,6 +248,11 @@ fn etcd_cluster_condition(
                     unmapped.join(", ")
                 ));
             }
+            if let Some(crate::remediation::orphans::OrphanDecision::Wait { member, reason }) =
+                plan.map(|p| &p.orphans)
+            {
+                message.push_str(&format!("; {member} is not removed yet: {reason}"));
+            }
             if let Some(err) = &snapshot.alarms_error {
                 message.push_str(&format!("; alarms could not be read: {err}"));
             }

@@ -324,6 +324,8 @@ mod tests {
             secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
             workload: WorkloadState::Nodes(vec![]),
             etcd,
+            members_first_seen: Default::default(),
+            orphan_grace: std::time::Duration::from_secs(300),
             now: chrono::Utc::now(),
         }
     }

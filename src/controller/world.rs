@@ -52,6 +52,10 @@ pub struct World {
     pub secrets: SecretsView,
     pub workload: WorkloadState,
     pub etcd: EtcdObservation,
+    /// When this controller first saw each etcd member (by id).
+    pub members_first_seen: std::collections::BTreeMap<u64, DateTime<Utc>>,
+    /// How long a ghost or orphan member must be seen before it is removed.
+    pub orphan_grace: std::time::Duration,
     pub now: DateTime<Utc>,
 }
 

@@ -161,6 +161,37 @@ async fn wait_voter_in_sync(
     }
 }
 
+/// A k3s join that failed half-way: the joining server added its etcd member
+/// (a voter, as older k3s and `etcdctl member add` do) and never started it.
+/// etcd lists it without a name. Returns its id.
+pub async fn add_ghost_member(sandbox: &Sandbox, ip: &str) -> Result<u64, SandboxError> {
+    let etcd = sandbox.etcd.connect();
+    let endpoint = Transport::Direct
+        .resolve(&sandbox.etcd.member(0).client_url())
+        .map_err(|e| SandboxError(format!("ghost member: {e}")))?;
+    let peer = vec![format!("https://{ip}:2380")];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let urls = peer.clone();
+        let result = etcd
+            .clients
+            .call(
+                &endpoint,
+                "member add",
+                Duration::from_secs(3),
+                |mut c| async move { c.member_add(urls, None).await },
+            )
+            .await;
+        match result {
+            Ok(resp) => return Ok(resp.member().map_or(0, |m| m.id())),
+            Err(err) if err.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => return Err(SandboxError(format!("add a ghost member at {ip}: {err}"))),
+        }
+    }
+}
+
 /// What one pass of [`reconcile_infrastructure`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InfraPass {

@@ -203,6 +203,7 @@ pub fn fast_settings() -> Settings {
         idle_requeue: Duration::from_secs(5),
         error_backoff_min: Duration::from_millis(200),
         error_backoff_max: Duration::from_secs(5),
+        orphan_grace: Duration::from_secs(3),
         ..Settings::default()
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod decide;
 pub mod model;
+pub mod orphans;
 pub mod pick;
 pub mod retry;
 pub mod scale_down;

@@ -481,6 +481,8 @@ mod report_tests {
                 listed_by: "https://10.0.0.1:2379".into(),
                 alarms_error: None,
             }),
+            members_first_seen: Default::default(),
+            orphan_grace: std::time::Duration::from_secs(300),
             now: chrono::Utc::now(),
         }
     }
