@@ -647,6 +647,17 @@ impl EtcdTestCluster {
         }
         let mut member = Self::new_member(&self.pki, &self._block, self.dir.path(), index, true)?;
         let peer_url = member.peer_url();
+        // A learner promoted since it was added (by infra_sim, or a test's own
+        // MemberPromote) is a voter now: refresh the cached flags before
+        // choosing the member that receives MemberAdd, or a cluster whose
+        // original members are all gone would find none.
+        if let Ok(list) = self.admin.member_list(&[]).await {
+            for m in &mut self.members {
+                if let Some(listed) = list.members.iter().find(|l| l.name == m.name) {
+                    m.learner = listed.learner;
+                }
+            }
+        }
         let receiver = self
             .members
             .iter()
