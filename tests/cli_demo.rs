@@ -9,8 +9,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
-/// A bound for the whole demo run, far above its usual ~10 s, so a loaded
-/// machine does not fail the test; the demo itself fails after 45 s of waiting.
+/// A bound for the whole demo run, far above its usual ~15 s, so a loaded
+/// machine does not fail the test; the demo itself fails after 45 s of waiting
+/// in either phase.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 fn capture(text: &str, pattern: &str) -> Vec<String> {
@@ -46,8 +47,35 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
+/// Indexes of the timeline lines `[  t.tts] Machine NAME: created...`, with
+/// the names.
+fn machines_created(lines: &[&str]) -> Vec<(usize, String)> {
+    let re = Regex::new(r"^\[\s*\d+\.\d\ds\] Machine (\S+): created").unwrap();
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| re.captures(l).map(|c| (i, c[1].to_string())))
+        .collect()
+}
+
+/// The membership table rows (`cp-...`) after `lines[from]`, up to the next
+/// `quorum:` line.
+fn table_rows<'a>(lines: &[&'a str], from: usize) -> Vec<&'a str> {
+    lines[from..]
+        .iter()
+        .take_while(|l| !l.starts_with("quorum:"))
+        .filter(|l| l.starts_with("cp-"))
+        .copied()
+        .collect()
+}
+
+fn seconds(text: &str, pattern: &str) -> f64 {
+    let [t] = capture(text, pattern).try_into().unwrap();
+    t.parse().unwrap()
+}
+
 #[tokio::test]
-async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster() {
+async fn demo_brings_a_control_plane_up_from_nothing_then_replaces_the_etcd_leaders_machine() {
     let run = tokio::process::Command::new(BIN)
         .arg("demo")
         .env_remove("RUST_LOG")
@@ -65,23 +93,182 @@ async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster(
     // It says what is real and what is simulated, first.
     let real = line_index(&lines, &["What is real:"]);
     let simulated = line_index(&lines, &["What is simulated:"]);
-    assert!(real < simulated);
+    let creating = line_index(&lines, &["Creating the management objects:"]);
+    assert!(real < simulated && simulated < creating);
+    let said = |from: usize, to: usize, part: &str| {
+        assert!(
+            lines[from..to].iter().any(|l| l.contains(part)),
+            "missing {part:?} between {:?} and {:?}:\n{text}",
+            lines[from],
+            lines[to]
+        );
+    };
     for part in [
-        "3 real etcd 3.4 processes, mutual TLS",
+        "is a real etcd 3.4 process",
+        "joins as a learner and is promoted",
+        "TLS: mutual TLS, from the Secrets the controller generates",
+        "signed by <cluster>-cca",
         "the controller: the real code",
-        "in-process test API",
-        "Cluster API's Machine controller",
-        "machines' infrastructure",
     ] {
-        assert!(text.contains(part), "missing {part:?}:\n{text}");
+        said(real, simulated, part);
+    }
+    for part in [
+        "the management API: an in-process test API",
+        "Cluster API's Machine controller",
+        "the infrastructure: a Machine the controller creates boots a server",
+        "k3s: no k3s binary runs",
+    ] {
+        said(simulated, creating, part);
     }
 
-    let [target, member] = capture(
+    // The bring-up, from a control plane with no Machine and no Secret.
+    let bring_up = line_index(&lines, &["Bring-up: starting the controller"]);
+    let remediation = line_index(&lines, &["Remediation: marking Machine"]);
+    assert!(creating < bring_up && bring_up < remediation);
+    let up = &lines[bring_up..remediation];
+    let timestamped = Regex::new(r"^\[\s*\d+\.\d\ds\] ").unwrap();
+    // The five Secrets the controller generated, by name and owner only.
+    for name in [
+        "demo-ca",
+        "demo-cca",
+        "demo-etcd",
+        "demo-token",
+        "demo-kubeconfig",
+    ] {
+        let i = line_index(
+            up,
+            &[&format!(
+                "] Secret {name}: created (type cluster.x-k8s.io/secret, owned by KThreesControlPlane demo-control-plane)"
+            )],
+        );
+        assert!(timestamped.is_match(up[i]), "{}", up[i]);
+    }
+    capture(
         &text,
-        r"Marking Machine (\S+) \(it runs the etcd LEADER (cp-\d+-[0-9a-f]{8})\)",
+        r"Secrets generated: +demo-ca at \d+\.\d\ds, demo-cca at \d+\.\d\ds, demo-etcd at \d+\.\d\ds, demo-token at \d+\.\d\ds, demo-kubeconfig at \d+\.\d\ds",
+    );
+    for content in [
+        "BEGIN",
+        "PRIVATE KEY",
+        "certificate-authority-data",
+        "client-key-data",
+    ] {
+        assert!(
+            !text.contains(content),
+            "Secret content {content:?} printed"
+        );
+    }
+    assert!(
+        !Regex::new(r"\b[0-9a-f]{32,}\b").unwrap().is_match(&text),
+        "something like the join token was printed:\n{text}"
+    );
+
+    // The init node alone: one Machine, until the first server's API answers.
+    let [init, waited_for] = capture(
+        &text,
+        r"\] 1 Machine \((\S+)\), the init node, alone: ScalingUp=True: .*waiting for the first server \((\S+)\)",
     )
     .try_into()
     .unwrap();
+    assert_eq!(init, waited_for);
+    let boots = line_index(
+        up,
+        &[
+            "infrastructure (simulated): ",
+            &init,
+            "boots the first server from the controller's Secrets",
+        ],
+    );
+    let created = machines_created(up);
+    assert_eq!(created.len(), 3, "{created:?}");
+    let before_boot: Vec<&String> = created
+        .iter()
+        .filter(|(i, _)| *i < boots)
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(
+        before_boot,
+        vec![&init],
+        "Machines created before the first server booted"
+    );
+    let initialized = line_index(
+        up,
+        &["KThreesControlPlane demo-control-plane: Initialized=True (Initialized)"],
+    );
+    assert!(boots < initialized);
+
+    // Each other server joins: a learner added with the token, promoted.
+    let joined_re = Regex::new(
+        r"infrastructure \(simulated\): (\S+) booted in \d+\.\d\ds: k3s joined etcd with demo-token, learner (cp-\d+-[0-9a-f]{8}) added.*, promoted to voter \([1-9]\d* MemberPromote attempt\(s\)\); Node (cp-\d+) registered",
+    )
+    .unwrap();
+    let joined: Vec<String> = up
+        .iter()
+        .filter_map(|l| joined_re.captures(l).map(|c| c[1].to_string()))
+        .collect();
+    let others: Vec<String> = created
+        .iter()
+        .filter(|(_, name)| *name != init)
+        .map(|(_, name)| name.clone())
+        .collect();
+    assert_eq!(joined, others, "every later Machine joins, in order");
+
+    // Up: 3 healthy voters, Available=True, the controller idle.
+    line_index(
+        up,
+        &[
+            "] KThreesControlPlane demo-control-plane: Available=True (Available): 3 of 3 Machines ready; etcd: 3 of 3 voters healthy",
+        ],
+    );
+    let table = line_index(up, &["Control plane up in"]);
+    let rows = table_rows(up, table);
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert!(rows.iter().all(|r| r.contains(" healthy ")), "{rows:#?}");
+    for (_, machine) in &created {
+        assert!(
+            rows.iter().any(|r| r.contains(machine.as_str())),
+            "{machine}: {rows:#?}"
+        );
+    }
+    assert!(
+        up[table..].contains(&"quorum: 3 of 3 voters healthy, quorum needs 2, fault tolerance 1"),
+        "{text}"
+    );
+    line_index(&up[table..], &["next action: idle (rule steady)"]);
+
+    // The bring-up figures, in order.
+    let first_at = seconds(
+        &text,
+        &format!(
+            r"first Machine: +{init} at (\d+\.\d\d)s, the only one until the first server's API answered"
+        ),
+    );
+    let initialized_at = seconds(&text, r"initialized: +at (\d+\.\d\d)s \(Initialized=True");
+    let voters_at = seconds(&text, r"3 healthy voters: +at (\d+\.\d\d)s");
+    let available_at = seconds(
+        &text,
+        r"Available: +at (\d+\.\d\d)s: Available=True: 3 of 3 Machines ready",
+    );
+    assert!(first_at <= initialized_at, "{text}");
+    assert!(
+        initialized_at <= voters_at && initialized_at <= available_at,
+        "{text}"
+    );
+    let summary_joined = Regex::new(r"server joined: +(\S+) as etcd member cp-\d+-[0-9a-f]{8}")
+        .unwrap()
+        .captures_iter(&text)
+        .map(|c| c[1].to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(summary_joined, others);
+
+    // The remediation of the etcd leader's Machine (one of those brought up).
+    let [target, member] = capture(
+        &text,
+        r"marking Machine (\S+) \(it runs the etcd LEADER (cp-\d+-[0-9a-f]{8})\)",
+    )
+    .try_into()
+    .unwrap();
+    assert!(created.iter().any(|(_, name)| *name == target), "{target}");
 
     // The timeline: leadership leaves the target before its member is removed,
     // the hook is released after, and only then is the replacement created
@@ -90,6 +277,7 @@ async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster(
         &lines,
         &["] EtcdLeadershipMoved: moved etcd leadership from", &member],
     );
+    assert!(moved > remediation);
     let [new_leader] = capture(
         lines[moved],
         &format!(r"from {member} to (cp-\d+-[0-9a-f]{{8}}) \(removing {target}\)"),
@@ -104,7 +292,6 @@ async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster(
     let released = line_index(&lines, &["] PreTerminateHookReleased:", &target]);
     let replacement_event = line_index(&lines, &["] ReplacementCreated: created Machine"]);
     assert!(moved < removed && removed < released && released < replacement_event);
-    let timestamped = Regex::new(r"^\[\s*\d+\.\d\ds\] ").unwrap();
     assert!(timestamped.is_match(lines[moved]), "{}", lines[moved]);
     line_index(&lines, &[&format!("Machine {target}: deleted")]);
 
@@ -116,7 +303,20 @@ async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster(
     .try_into()
     .unwrap();
     assert_ne!(replacement, target);
-    line_index(&lines, &[&format!("Machine {replacement}: created")]);
+    let replacement_created = line_index(&lines, &[&format!("Machine {replacement}: created")]);
+    assert!(replacement_created > remediation);
+    // The same simulated infrastructure pass boots the replacement.
+    let replacement_joined = lines[remediation..]
+        .iter()
+        .filter_map(|l| joined_re.captures(l).map(|c| c[1].to_string()))
+        .collect::<Vec<_>>();
+    assert_eq!(replacement_joined, vec![replacement.clone()]);
+    line_index(
+        &lines[remediation..],
+        &[&format!(
+            "infrastructure (simulated): {target}'s server is gone"
+        )],
+    );
     capture(
         &text,
         &format!(r"member removed: +{member} at \d+\.\d\ds .*; new leader (cp-\d+-[0-9a-f]{{8}})"),
@@ -127,11 +327,7 @@ async fn demo_replaces_the_etcd_leaders_machine_and_ends_with_a_healthy_cluster(
     // The final membership: three healthy voters, the replacement in, the
     // removed member out, nothing left to do.
     let fin = line_index(&lines, &["Final membership:"]);
-    let rows: Vec<&str> = lines[fin..]
-        .iter()
-        .filter(|l| l.starts_with("cp-"))
-        .copied()
-        .collect();
+    let rows = table_rows(&lines, fin);
     assert_eq!(rows.len(), 3, "{rows:#?}");
     assert!(rows.iter().all(|r| r.contains("healthy")));
     assert!(rows.iter().any(|r| r.contains(&replacement)));

@@ -312,3 +312,68 @@ async fn a_stopped_member_is_healthy_again_after_restart() {
     assert!(snap.members.iter().all(|m| m.is_healthy()), "{snap:?}");
     assert_eq!(snap.assess_cluster().fault_tolerance, 1);
 }
+
+/// `MemberPromote` as k3s sends it, retried while etcd says the learner is not
+/// in sync yet.
+async fn promote(c: &EtcdTestCluster, id: u64) {
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(c.ca_pem()))
+        .identity(etcd_client::Identity::from_pem(
+            c.pki.client.cert_pem.clone(),
+            c.pki.client.key_pem.clone(),
+        ));
+    let options = etcd_client::ConnectOptions::new()
+        .with_tls(tls)
+        .with_timeout(Duration::from_secs(3));
+    let mut client = etcd_client::Client::connect([c.member(0).client_url()], Some(options))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.member_promote(id).await {
+            Ok(_) => return,
+            Err(err) if Instant::now() < deadline => {
+                tracing::debug!(%err, "promote retried");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("promote {id:016x}: {err}"),
+        }
+    }
+}
+
+/// A cluster grown from one member by learners promoted outside the harness
+/// (as k3s and the simulated infrastructure do) takes a new learner once its
+/// first member is gone: the member receiving `MemberAdd` is chosen from the
+/// live membership, not from learner flags cached before the promotions.
+#[tokio::test]
+async fn learners_promoted_elsewhere_receive_the_next_member_add_once_the_first_is_gone() {
+    init();
+    let mut c = EtcdTestCluster::builder()
+        .members(1)
+        .start()
+        .await
+        .expect("start a one-member cluster");
+    for expected in 1..=2 {
+        let index = c.add_learner().await.unwrap();
+        assert_eq!(index, expected);
+        promote(&c, c.member(index).id).await;
+    }
+    let etcd = c.connect();
+    let outcome = etcd.safe_remove(c.member(0).id).await.unwrap();
+    assert!(
+        matches!(outcome.removal, Removal::Removed { .. }),
+        "{outcome:?}"
+    );
+    c.stop(0).await.unwrap();
+
+    let index = c
+        .add_learner()
+        .await
+        .expect("a promoted member receives MemberAdd");
+    let snap = etcd.snapshot().await.unwrap();
+    assert_eq!(snap.members.len(), 3, "{snap:?}");
+    assert!(snap.member(c.member(index).id).unwrap().learner);
+    for voter in [1, 2] {
+        assert!(!snap.member(c.member(voter).id).unwrap().learner);
+    }
+}

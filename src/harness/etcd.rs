@@ -143,6 +143,11 @@ pub struct TestMember {
     /// Member id, known once the member has joined.
     pub id: u64,
     pub learner: bool,
+    /// How many times etcd refused this member's `MemberAdd` as transient
+    /// (e.g. "unhealthy cluster": etcd adds a member only once its leader has
+    /// been connected to every voter for 5 s) before accepting it; 0 for the
+    /// members a cluster starts with.
+    pub member_add_refusals: u32,
     /// False when the serving certificate deliberately lacks the member's IP:
     /// it cannot be probed on its address, so readiness only waits for it to join.
     pub ip_in_serving_cert: bool,
@@ -520,6 +525,7 @@ impl EtcdTestCluster {
             ip,
             id: 0,
             learner: false,
+            member_add_refusals: 0,
             ip_in_serving_cert,
             dir: member_dir,
             serving,
@@ -647,6 +653,17 @@ impl EtcdTestCluster {
         }
         let mut member = Self::new_member(&self.pki, &self._block, self.dir.path(), index, true)?;
         let peer_url = member.peer_url();
+        // A learner promoted since it was added (by infra_sim, or a test's own
+        // MemberPromote) is a voter now: refresh the cached flags before
+        // choosing the member that receives MemberAdd, or a cluster whose
+        // original members are all gone would find none.
+        if let Ok(list) = self.admin.member_list(&[]).await {
+            for m in &mut self.members {
+                if let Some(listed) = list.members.iter().find(|l| l.name == m.name) {
+                    m.learner = listed.learner;
+                }
+            }
+        }
         let receiver = self
             .members
             .iter()
@@ -654,6 +671,7 @@ impl EtcdTestCluster {
             .ok_or(HarnessError::NoMember(0))?;
         let endpoint = Transport::Direct.resolve(&receiver.client_url())?;
         let deadline = Instant::now() + self.ready_timeout;
+        let mut refusals = 0;
         let added = loop {
             let urls = vec![peer_url.clone()];
             let result = self
@@ -672,6 +690,8 @@ impl EtcdTestCluster {
             match result {
                 Ok(resp) => break resp,
                 Err(err) if err.is_transient() && Instant::now() < deadline => {
+                    tracing::debug!(%err, "member add refused; retrying");
+                    refusals += 1;
                     tokio::time::sleep(POLL).await;
                 }
                 Err(err) => return Err(err.into()),
@@ -679,6 +699,7 @@ impl EtcdTestCluster {
         };
         member.id = added.member().map_or(0, |m| m.id());
         member.learner = true;
+        member.member_add_refusals = refusals;
         member.initial_cluster = added
             .member_list()
             .iter()

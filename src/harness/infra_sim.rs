@@ -26,16 +26,22 @@ use super::bringup::bootstrap_inputs;
 use super::sandbox::{Sandbox, SandboxError};
 
 /// What provisioning produced.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Provisioned {
     pub machine: String,
     pub node: String,
     pub member: String,
     pub member_id: u64,
     pub ip: String,
+    /// How many times etcd refused the learner's `MemberAdd` before accepting
+    /// it ("unhealthy cluster" until its leader has been connected to every
+    /// voter for 5 s, as a k3s server joining retries).
+    pub member_add_refusals: u32,
     /// How many `MemberPromote` calls it took (etcd refuses while the learner
     /// is not in sync with the leader).
     pub promote_attempts: u32,
+    /// From the boot to a healthy voter with its Node registered.
+    pub took: Duration,
 }
 
 fn sandbox_err(context: &str) -> impl Fn(String) -> SandboxError + '_ {
@@ -50,15 +56,22 @@ pub async fn provision(
     machine: &str,
     limit: Duration,
 ) -> Result<Provisioned, SandboxError> {
-    let deadline = Instant::now() + limit;
+    let started = Instant::now();
+    let deadline = started + limit;
     let index = sandbox
         .etcd
         .add_learner()
         .await
         .map_err(|e| SandboxError(format!("add an etcd learner for {machine}: {e}")))?;
-    let (node, ip, member, member_id) = {
+    let (node, ip, member, member_id, member_add_refusals) = {
         let m = sandbox.etcd.member(index);
-        (m.node_name.clone(), m.ip.to_string(), m.name.clone(), m.id)
+        (
+            m.node_name.clone(),
+            m.ip.to_string(),
+            m.name.clone(),
+            m.id,
+            m.member_add_refusals,
+        )
     };
     let promote_attempts = promote(sandbox, member_id, deadline)
         .await
@@ -82,7 +95,9 @@ pub async fn provision(
         member,
         member_id,
         ip,
+        member_add_refusals,
         promote_attempts,
+        took: started.elapsed(),
     })
 }
 
@@ -195,7 +210,8 @@ pub async fn add_ghost_member(sandbox: &Sandbox, ip: &str) -> Result<u64, Sandbo
 /// What one pass of [`reconcile_infrastructure`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InfraPass {
-    pub provisioned: Vec<String>,
+    /// The Machines booted in this pass, in order, with what each produced.
+    pub provisioned: Vec<Provisioned>,
     pub decommissioned: Vec<String>,
 }
 
@@ -233,8 +249,8 @@ pub async fn reconcile_infrastructure(
             && !sandbox.machines.contains(&name);
         if new {
             bootstrap_inputs(&sandbox.client(), &name).await?;
-            provision(sandbox, &name, limit).await?;
-            pass.provisioned.push(name);
+            pass.provisioned
+                .push(provision(sandbox, &name, limit).await?);
         }
     }
     Ok(pass)

@@ -1,8 +1,12 @@
 //! `k3s-control-plane demo`: the provider's main job, on a machine with no
-//! cluster. A real 3-member TLS etcd cluster plays the workload cluster's
-//! embedded etcd, the real controller runs, the etcd leader's Machine is marked
-//! unhealthy as a MachineHealthCheck would, and every Event and Machine change
-//! is printed as it happens, then a summary with the times.
+//! cluster. It starts from a Cluster and a KThreesControlPlane with nothing
+//! else: the real controller generates the cluster Secrets and creates the init
+//! node's Machine, the simulated infrastructure boots it from those Secrets (a
+//! real etcd cluster, a mutual-TLS workload API), the other servers join (real
+//! etcd learners, promoted) until 3 healthy voters and `Available=True`. Then
+//! the etcd leader's Machine is marked unhealthy as a MachineHealthCheck would
+//! and remediated. Every Event, Secret created, control-plane condition change
+//! and Machine change is printed as it happens, then a summary with the times.
 //!
 //! With `--kubeconfig` it runs the controller against a real management cluster
 //! instead and prints what happens there until Ctrl-C (nothing is simulated and
@@ -18,22 +22,32 @@ use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
 use crate::api::KThreesControlPlane;
+use crate::controller::contract_conditions::{AVAILABLE, INITIALIZED, SCALING_UP};
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
+use crate::harness::bringup::BringUp;
 use crate::harness::etcd::etcd_binary;
 use crate::harness::infra_sim::{self, Provisioned};
-use crate::harness::sandbox::{KCP, NAMESPACE, Sandbox, SandboxError};
+use crate::harness::sandbox::{CLUSTER, ControllerHandle, KCP, NAMESPACE, Sandbox, SandboxError};
 
-use crate::cli::inspect::{self, Report, init_quiet_logging, read_only_context, render_members};
+use crate::cli::inspect::{
+    self, Report, init_logging_or, init_quiet_logging, read_only_context, render_members,
+};
 use crate::cli::run::management_client;
 
 mod timeline;
 
-use timeline::{Clock, MACHINE_CREATED, MACHINE_DELETED, say, secs, start_timeline};
+use timeline::{
+    Clock, MACHINE_CREATED, MACHINE_DELETED, SECRET_CREATED, Watches, condition_record, say, secs,
+    start_timeline,
+};
 
-/// How long the remediation may take from the mark to a healthy cluster.
+/// How long each wait may take: the bring-up to a healthy control plane, and
+/// the remediation from the mark to a healthy cluster.
 const LIMIT: Duration = Duration::from_secs(45);
 const POLL: Duration = Duration::from_millis(100);
 /// etcd's `HealthInterval` (5 s) plus a margin: how long members must have
@@ -65,15 +79,24 @@ enum DemoError {
 
 pub async fn run(args: DemoArgs) -> ExitCode {
     crate::install_crypto_provider();
-    init_quiet_logging();
     let result = match &args.kubeconfig {
-        Some(path) => against_cluster(path).await,
+        Some(path) => {
+            init_quiet_logging();
+            against_cluster(path).await
+        }
         // Dropping the demo on Ctrl-C drops the sandbox: its etcd members are
         // killed and its files removed.
-        None => tokio::select! {
-            result = sandbox_demo() => result,
-            _ = tokio::signal::ctrl_c() => Err(DemoError::Interrupted),
-        },
+        None => {
+            // Until the first server boots, the control-plane endpoint closes
+            // every connection (a load balancer without a backend) and
+            // kube-client logs each failed connect as an ERROR; the timeline
+            // already shows it as the Initialized condition's reason.
+            init_logging_or("warn,kube_client::client::builder=off");
+            tokio::select! {
+                result = sandbox_demo() => result,
+                _ = tokio::signal::ctrl_c() => Err(DemoError::Interrupted),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -88,40 +111,28 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 // The self-contained demo.
 
 fn print_intro() {
-    say("k3s-control-plane demo: remediating the etcd leader's control-plane Machine");
+    say("k3s-control-plane demo: a k3s control plane brought up from nothing, then the etcd");
+    say("leader's control-plane Machine remediated");
     say("");
     say("What is real:");
-    say("  - etcd: 3 real etcd 3.4 processes, mutual TLS (k3s-like PKI, k3s-style member");
-    say("    names), each on its own 127.77.x.y loopback address, ports 2379/2380;");
-    say("  - the controller: the real code (observe -> plan -> act -> status), the same");
-    say("    binary as `k3s-control-plane run`, talking to etcd over verified TLS.");
+    say("  - etcd: each server's member is a real etcd 3.4 process (k3s-style member name, its");
+    say("    own 127.77.x.y loopback address, ports 2379/2380); the first server starts a new");
+    say("    cluster, each later one joins as a learner and is promoted, as k3s does;");
+    say("  - TLS: mutual TLS, from the Secrets the controller generates: the etcd certificates");
+    say("    are signed by its <cluster>-etcd CA; the workload API server serves a <cluster>-ca");
+    say("    certificate and accepts only client certificates signed by <cluster>-cca;");
+    say("  - the controller: the real code (observe -> plan -> act -> status), the same binary");
+    say("    as `k3s-control-plane run`; it reaches the workload cluster only through the");
+    say("    kubeconfig it generated, and etcd over verified TLS.");
     say("What is simulated:");
-    say("  - the management and workload Kubernetes API servers: in-process test API");
-    say("    servers speaking the Kubernetes REST/watch protocol;");
-    say("  - Cluster API's Machine controller (finalizer, pre-terminate hook wait) and the");
-    say("    machines' infrastructure (a replacement \"boots\": its new etcd member is real,");
-    say("    it joins as a learner and is promoted, as k3s does).");
+    say("  - the management API: an in-process test API server speaking the Kubernetes");
+    say("    REST/watch protocol (our CRDs and CAPI's), with Cluster API's Machine controller");
+    say("    (finalizer, pre-terminate hook wait, deletion);");
+    say("  - the infrastructure: a Machine the controller creates boots a server, a deleted");
+    say("    Machine's server goes away (src/harness/infra_sim.rs);");
+    say("  - k3s: no k3s binary runs; a server's etcd is started or joined as k3s does, the");
+    say("    workload API server is an in-process test API server, Nodes register as k3s's do.");
     say("");
-}
-
-/// Until the controller has written the control plane's status once: the
-/// timeline then starts from a settled world.
-async fn wait_settled(sandbox: &Sandbox) -> Result<(), DemoError> {
-    sandbox
-        .wait_for("the controller's first reconcile", LIMIT, || async {
-            let kcp = sandbox
-                .kcp_api()
-                .get(KCP)
-                .await
-                .map_err(|e| e.to_string())?;
-            let generation = kcp.metadata.generation;
-            match kcp.status.as_ref().and_then(|s| s.observed_generation) {
-                Some(g) if Some(g) == generation => Ok(()),
-                other => Err(format!("observedGeneration {other:?}")),
-            }
-        })
-        .await?;
-    Ok(())
 }
 
 async fn report(ctx: &Context) -> Result<Report, DemoError> {
@@ -147,13 +158,290 @@ fn print_state(report: &Report) {
     }
 }
 
-/// When each step was first observed, relative to the mark.
+fn is_whole_again(report: &Report, members: usize) -> bool {
+    report.next.action.as_deref() == Some("idle")
+        && report.members.len() == members
+        && report
+            .members
+            .iter()
+            .all(|m| m.healthy && !m.learner && m.machine.is_some())
+        && report
+            .quorum
+            .as_ref()
+            .is_some_and(|q| q.assessment.voters == members && q.assessment.healthy == members)
+}
+
+fn condition(kcp: &KThreesControlPlane, type_: &str) -> Option<Condition> {
+    kcp.conditions().iter().find(|c| c.type_ == type_).cloned()
+}
+
+/// `(healthy, voters)` of the real etcd membership, from the demo's own
+/// connection (independent of the controller).
+async fn etcd_voters(sandbox: &Sandbox) -> Option<(usize, usize)> {
+    let snap = sandbox.etcd.connect().snapshot().await.ok()?;
+    let a = snap.assess_cluster();
+    Some((a.healthy, a.voters))
+}
+
+/// What the simulated infrastructure reports of a server that joined.
+fn joined_line(p: &Provisioned) -> String {
+    let refused = match p.member_add_refusals {
+        0 => String::new(),
+        n => format!(
+            " (MemberAdd refused {n}x as transient: etcd adds a member only once its leader has been connected to every voter for 5 s)"
+        ),
+    };
+    format!(
+        "infrastructure (simulated): {} booted in {}: k3s joined etcd with {CLUSTER}-token, learner {} added{refused}, promoted to voter ({} MemberPromote attempt(s)); Node {} registered at {}",
+        p.machine,
+        secs(p.took),
+        p.member,
+        p.promote_attempts,
+        p.node,
+        p.ip
+    )
+}
+
+/// The Secrets the controller must generate for a cluster started from
+/// nothing, as cluster-api-k3s names them.
+fn generated_secret_names() -> [String; 5] {
+    ["-ca", "-cca", "-etcd", "-token", "-kubeconfig"].map(|s| format!("{CLUSTER}{s}"))
+}
+
+/// What the bring-up observed; times from the controller's start.
+#[derive(Default)]
+struct BringUpFigures {
+    secrets: Vec<(String, Option<Duration>)>,
+    first_machine: Option<(Duration, String)>,
+    second_machine: Option<Duration>,
+    first_booted: Option<Duration>,
+    initialized: Option<Duration>,
+    joined: Vec<(Duration, Provisioned)>,
+    voters: Option<Duration>,
+    available: Option<(Duration, String)>,
+    total: Duration,
+}
+
+impl BringUpFigures {
+    fn pending(&self, members: usize) -> String {
+        if self.initialized.is_none() {
+            "the control plane to be initialized (Initialized=True)".into()
+        } else if self.joined.len() + 1 < members {
+            format!("{} more server(s) to join", members - 1 - self.joined.len())
+        } else if self.voters.is_none() {
+            format!("{members} healthy etcd voters")
+        } else if self.available.is_none() {
+            format!("Available=True with {members} of {members} Machines ready")
+        } else {
+            "the controller to have nothing left to do".into()
+        }
+    }
+}
+
+/// The control plane, up.
+struct BroughtUp {
+    sandbox: Sandbox,
+    controller: ControllerHandle,
+    figures: BringUpFigures,
+    /// When the last server joined (its member was promoted).
+    last_join: Instant,
+}
+
+/// From a Cluster and a KThreesControlPlane with nothing else to `members`
+/// healthy voters and `Available=True`, printing the timeline.
+async fn bring_up(members: usize) -> Result<BroughtUp, DemoError> {
+    say(format!(
+        "Creating the management objects: a Cluster (control-plane endpoint reserved, infrastructure provisioned) and a KThreesControlPlane (replicas {members}); no Machine, no Secret..."
+    ));
+    let world = BringUp::start(members as i32).await?;
+    let endpoint = world.endpoint;
+    say(format!(
+        "  management API (simulated): {}   control-plane endpoint: https://{endpoint} (nothing answers yet)",
+        world.management.url()
+    ));
+    let clock = Clock::default();
+    let timeline =
+        start_timeline(world.client(), Some(NAMESPACE), clock.clone(), Watches::ALL).await?;
+    say("");
+    say(format!(
+        "Bring-up: starting the controller on KThreesControlPlane {NAMESPACE}/{KCP}. Times are from this moment."
+    ));
+    say("");
+    clock.start();
+    let controller = world.start_controller();
+    let mut figures = BringUpFigures::default();
+
+    let first = world.wait_first_machine(LIMIT).await?;
+    figures.first_machine = Some((clock.elapsed(), first.clone()));
+    // The controller must now wait for the init node: exactly one Machine
+    // while the control plane is not initialized.
+    let kcps = world.kcp_api();
+    let waiting = wait_until("the controller to wait for the first server", || async {
+        let kcp = kcps.get(KCP).await.map_err(|e| e.to_string())?;
+        match condition(&kcp, SCALING_UP) {
+            Some(c) if c.status == "True" && c.message.contains("waiting for the first server") => {
+                Ok(c.message)
+            }
+            other => Err(format!("{SCALING_UP}: {other:?}")),
+        }
+    })
+    .await?;
+    let count = world
+        .machines_api()
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| DemoError::Failed(format!("list Machines: {e}")))?
+        .items
+        .len();
+    if count != 1 {
+        return Err(DemoError::Failed(format!(
+            "{count} Machines exist before the control plane is initialized; expected the init node alone"
+        )));
+    }
+    say(format!(
+        "{} 1 Machine ({first}), the init node, alone: ScalingUp=True: {waiting}",
+        clock.stamp()
+    ));
+    say(format!(
+        "{} infrastructure (simulated): {first} boots the first server from the controller's Secrets: a new etcd cluster signed by {CLUSTER}-etcd; the workload API on https://{endpoint} serving a {CLUSTER}-ca certificate, accepting only {CLUSTER}-cca clients",
+        clock.stamp()
+    ));
+    let mut sandbox = world.boot_first(&first).await?;
+    {
+        let m = sandbox.etcd.member(0);
+        say(format!(
+            "{} infrastructure (simulated): {first} booted: etcd member {} at {}; Node {} registered at {}",
+            clock.stamp(),
+            m.name,
+            m.client_url(),
+            m.node_name,
+            m.ip
+        ));
+    }
+    figures.first_booted = Some(clock.elapsed());
+    say(format!(
+        "  etcd data and certificates: {} (removed at the end)",
+        sandbox.etcd.dir().display()
+    ));
+    let mut last_join = Instant::now();
+
+    let observer = read_only_context(sandbox.client());
+    let deadline = Instant::now() + LIMIT;
+    let state = loop {
+        if Instant::now() >= deadline {
+            return Err(DemoError::Failed(format!(
+                "bring-up timed out after {} waiting for {}",
+                secs(LIMIT),
+                figures.pending(members)
+            )));
+        }
+        let pass = infra_sim::reconcile_infrastructure(&mut sandbox, LIMIT).await?;
+        for p in pass.provisioned {
+            say(format!("{} {}", clock.stamp(), joined_line(&p)));
+            figures.joined.push((clock.elapsed(), p));
+            last_join = Instant::now();
+        }
+        if figures.voters.is_none()
+            && let Some((healthy, voters)) = etcd_voters(&sandbox).await
+            && healthy == members
+            && voters == members
+        {
+            figures.voters = Some(clock.elapsed());
+        }
+        let kcp = sandbox
+            .kcp_api()
+            .get(KCP)
+            .await
+            .map_err(|e| DemoError::Failed(format!("get KThreesControlPlane: {e}")))?;
+        if figures.initialized.is_none()
+            && condition(&kcp, INITIALIZED).is_some_and(|c| c.status == "True")
+        {
+            figures.initialized = Some(clock.elapsed());
+        }
+        let ready = format!("{members} of {members} Machines ready");
+        if figures.available.is_none()
+            && let Some(c) = condition(&kcp, AVAILABLE)
+            && c.status == "True"
+            && c.message.starts_with(&ready)
+        {
+            figures.available = Some((clock.elapsed(), c.message));
+        }
+        if figures.voters.is_some() && figures.available.is_some() {
+            let now = report(&observer).await?;
+            if is_whole_again(&now, members) {
+                break now;
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    figures.total = clock.elapsed();
+    // Let the last lines of the watches print, then stop them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The timeline's records are the moments the API showed each change;
+    // the demo's own polls are the fallback.
+    figures.secrets = generated_secret_names()
+        .into_iter()
+        .map(|name| {
+            let at = timeline
+                .first(SECRET_CREATED, |n| n == name)
+                .map(|(t, _)| t);
+            (name, at)
+        })
+        .collect();
+    if let Some((t, _)) = timeline.first(MACHINE_CREATED, |name| name == first) {
+        figures.first_machine = Some((t, first.clone()));
+    }
+    figures.second_machine = timeline
+        .first(MACHINE_CREATED, |name| name != first)
+        .map(|(t, _)| t);
+    if let Some((t, _)) = timeline.first(&condition_record(INITIALIZED), |v| v.starts_with("True"))
+    {
+        figures.initialized = Some(t);
+    }
+    drop(timeline);
+    drop(observer);
+    say("");
+    say(format!(
+        "Control plane up in {} (what `k3s-control-plane inspect {NAMESPACE}/{KCP}` shows):",
+        secs(figures.total)
+    ));
+    print_state(&state);
+    Ok(BroughtUp {
+        sandbox,
+        controller,
+        figures,
+        last_join,
+    })
+}
+
+/// Poll `check` every [`POLL`] until it yields a value, for at most [`LIMIT`].
+async fn wait_until<T, F, Fut>(what: &str, mut check: F) -> Result<T, DemoError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match check().await {
+            Ok(value) => return Ok(value),
+            Err(last) if Instant::now() >= deadline => {
+                return Err(DemoError::Failed(format!(
+                    "timed out after {} waiting for {what}: {last}",
+                    secs(LIMIT)
+                )));
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// When each remediation step was first observed, relative to the mark.
 #[derive(Default)]
 struct Milestones {
     member_removed: Option<Duration>,
     leader_after: Option<String>,
     machine_deleted: Option<Duration>,
-    decommissioned: bool,
+    decommissioned: Option<Duration>,
     replacement: Option<(Duration, String)>,
     provisioned: Option<(Duration, Provisioned)>,
     healthy: Option<(Duration, Report)>,
@@ -175,60 +463,21 @@ impl Milestones {
     }
 }
 
-fn is_whole_again(report: &Report, members: usize) -> bool {
-    report.next.action.as_deref() == Some("idle")
-        && report.members.len() == members
-        && report
-            .members
-            .iter()
-            .all(|m| m.healthy && !m.learner && m.machine.is_some())
-        && report
-            .quorum
-            .as_ref()
-            .is_some_and(|q| q.assessment.voters == members && q.assessment.healthy == members)
-}
-
 async fn sandbox_demo() -> Result<(), DemoError> {
     const MEMBERS: usize = 3;
     let run_started = Instant::now();
     print_intro();
     etcd_binary().map_err(|_| DemoError::EtcdMissing)?;
 
-    say("Starting the etcd cluster, the API servers and the controller...");
-    let started = Instant::now();
-    let mut sandbox = Sandbox::start(MEMBERS).await?;
-    let etcd_ready = started.elapsed();
-    for (i, m) in sandbox.etcd.members().iter().enumerate() {
-        say(format!(
-            "  etcd member {} at {} (Machine {}, Node {})",
-            m.name,
-            m.client_url(),
-            sandbox.machines[i],
-            m.node_name
-        ));
-    }
-    say(format!(
-        "  etcd data and certificates: {} (removed at the end)",
-        sandbox.etcd.dir().display()
-    ));
-    say(format!(
-        "  management API (simulated): {}   workload API (simulated): {}",
-        sandbox.management.url(),
-        sandbox.workload.url()
-    ));
-    say(format!(
-        "  KThreesControlPlane {NAMESPACE}/{KCP}, {MEMBERS} Machines; ready in {}",
-        secs(etcd_ready)
-    ));
+    let BroughtUp {
+        mut sandbox,
+        controller,
+        figures: up,
+        last_join,
+    } = bring_up(MEMBERS).await?;
+    let bring_up_done = run_started.elapsed();
 
-    let controller = sandbox.start_controller();
-    wait_settled(&sandbox).await?;
     let observer = read_only_context(sandbox.client());
-    let before = report(&observer).await?;
-    say("");
-    say("Before (what `k3s-control-plane inspect default/demo-control-plane` shows):");
-    print_state(&before);
-
     let admin = sandbox.etcd.connect();
     let snap = admin
         .snapshot()
@@ -243,32 +492,41 @@ async fn sandbox_demo() -> Result<(), DemoError> {
         .ok_or_else(|| DemoError::Failed("the etcd leader is not a sandbox member".into()))?;
     let target = sandbox.machines[index].clone();
     let target_member = sandbox.etcd.member(index).name.clone();
+    let target_node = sandbox.etcd.member(index).node_name.clone();
     let originals = sandbox.machines.clone();
 
     // etcd (strict reconfiguration check) refuses MemberRemove as "unhealthy
     // cluster" until the receiving member has been connected to every peer for
-    // 5 s. A production cluster is long past that; a cluster started a second
-    // ago is not, and the controller would retry until it is. Start from a
-    // realistic cluster instead.
-    let settled_at = started + etcd_ready + ETCD_PEER_HEALTH_INTERVAL;
+    // 5 s. A production cluster is long past that; a cluster whose last member
+    // joined a second ago is not, and the controller would retry until it is.
+    // Start from a realistic cluster instead.
+    let settled_at = last_join + ETCD_PEER_HEALTH_INTERVAL;
     if Instant::now() < settled_at {
         say("");
         say(format!(
-            "Waiting {} more: etcd accepts member removals only once its members have been connected for 5 s.",
-            secs(settled_at - Instant::now())
+            "Waiting {} more: etcd accepts member removals only once its members have been connected for 5 s (the last joined {} ago).",
+            secs(settled_at - Instant::now()),
+            secs(last_join.elapsed())
         ));
         tokio::time::sleep_until(settled_at).await;
     }
 
     let clock = Clock::default();
-    let timeline = start_timeline(sandbox.client(), Some(NAMESPACE), clock.clone()).await?;
+    let timeline = start_timeline(
+        sandbox.client(),
+        Some(NAMESPACE),
+        clock.clone(),
+        Watches::ALL,
+    )
+    .await?;
     say("");
     say(format!(
-        "Marking Machine {target} (it runs the etcd LEADER {target_member}) unhealthy, as a MachineHealthCheck does:"
+        "Remediation: marking Machine {target} (it runs the etcd LEADER {target_member}) unhealthy, as a MachineHealthCheck does:"
     ));
     say("HealthCheckSucceeded=False, OwnerRemediated=False. Times are from this moment.");
     say("");
     clock.start();
+    let marked = Instant::now();
     sandbox.mark_unhealthy(&target).await?;
 
     let mut done = Milestones::default();
@@ -302,33 +560,28 @@ async fn sandbox_demo() -> Result<(), DemoError> {
         {
             done.replacement = Some((clock.elapsed(), new.name_any()));
         }
-        if done.machine_deleted.is_some() && !done.decommissioned {
-            infra_sim::decommission(&mut sandbox, &target).await?;
-            done.decommissioned = true;
+        // The simulated infrastructure provider's pass, as during the
+        // bring-up: it decommissions the deleted Machine's server and boots
+        // the replacement.
+        let pass = infra_sim::reconcile_infrastructure(&mut sandbox, LIMIT).await?;
+        for gone in &pass.decommissioned {
+            let node = originals
+                .iter()
+                .position(|m| m == gone)
+                .map(|i| sandbox.etcd.member(i).node_name.clone())
+                .unwrap_or_else(|| target_node.clone());
             say(format!(
-                "{} infrastructure (simulated): {target}'s server is gone; its Node {} is deleted",
-                clock.stamp(),
-                sandbox.etcd.member(index).node_name
-            ));
-        }
-        if done.decommissioned
-            && done.provisioned.is_none()
-            && let Some((_, new)) = done.replacement.clone()
-        {
-            say(format!(
-                "{} infrastructure (simulated): {new} boots; k3s joins etcd as a learner (a real new etcd process)",
+                "{} infrastructure (simulated): {gone}'s server is gone (its etcd process stopped); its Node {node} is deleted",
                 clock.stamp()
             ));
-            let provisioned = infra_sim::provision(&mut sandbox, &new, LIMIT).await?;
-            say(format!(
-                "{} infrastructure (simulated): etcd member {} promoted to voter ({} MemberPromote attempt(s)); Node {} registered at {}",
-                clock.stamp(),
-                provisioned.member,
-                provisioned.promote_attempts,
-                provisioned.node,
-                provisioned.ip
-            ));
-            done.provisioned = Some((clock.elapsed(), provisioned));
+            done.decommissioned.get_or_insert(clock.elapsed());
+        }
+        for p in pass.provisioned {
+            say(format!("{} {}", clock.stamp(), joined_line(&p)));
+            if done.replacement.is_none() {
+                done.replacement = Some((clock.elapsed(), p.machine.clone()));
+            }
+            done.provisioned = Some((clock.elapsed(), p));
         }
         if done.provisioned.is_some() {
             let now = report(&observer).await?;
@@ -339,6 +592,7 @@ async fn sandbox_demo() -> Result<(), DemoError> {
         }
         tokio::time::sleep(POLL).await;
     }
+    let remediation_done = marked.elapsed();
     controller.stop().await;
     // Let the last lines of the watches print, then stop them.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -347,11 +601,62 @@ async fn sandbox_demo() -> Result<(), DemoError> {
     let deleted = timeline.first(MACHINE_DELETED, |name| name == target);
     let (_, replacement) = done.replacement.clone().unwrap_or_default();
     let created = timeline.first(MACHINE_CREATED, |name| name == replacement);
+    let available_false = timeline.first(&condition_record(AVAILABLE), |v| !v.starts_with("True"));
     drop(timeline);
 
-    say("");
-    say("Summary (times from the mark):");
     let at = |d: Option<Duration>| d.map_or_else(|| "?".to_string(), |d| format!("at {}", secs(d)));
+    say("");
+    say("Summary");
+    say("Bring-up (times from the controller's start):");
+    let secrets: Vec<String> = up
+        .secrets
+        .iter()
+        .map(|(name, t)| format!("{name} {}", at(*t)))
+        .collect();
+    say(format!(
+        "  Secrets generated:  {} (names only; content never printed)",
+        secrets.join(", ")
+    ));
+    if let Some((t, first)) = &up.first_machine {
+        say(format!(
+            "  first Machine:      {first} at {}, the only one until the first server's API answered (next Machine {})",
+            secs(*t),
+            at(up.second_machine)
+        ));
+    }
+    say(format!(
+        "  first server up:    {} (simulated infrastructure)",
+        at(up.first_booted)
+    ));
+    say(format!(
+        "  initialized:        {} (Initialized=True: the first server's API answered)",
+        at(up.initialized)
+    ));
+    for (t, p) in &up.joined {
+        say(format!(
+            "  server joined:      {} as etcd member {} on Node {} at {}",
+            p.machine,
+            p.member,
+            p.node,
+            secs(*t)
+        ));
+    }
+    say(format!(
+        "  {MEMBERS} healthy voters:   {} (the demo's own etcd poll)",
+        at(up.voters)
+    ));
+    match &up.available {
+        Some((t, message)) => say(format!(
+            "  Available:          at {}: Available=True: {message}",
+            secs(*t)
+        )),
+        None => say("  Available:          ?"),
+    }
+    say(format!(
+        "  nothing left to do: at {} (next action idle)",
+        secs(up.total)
+    ));
+    say("Remediation (times from the mark):");
     say(format!(
         "  marked unhealthy:   Machine {target}, running etcd leader {target_member}"
     ));
@@ -385,6 +690,10 @@ async fn sandbox_demo() -> Result<(), DemoError> {
             secs(*t)
         ));
     }
+    match &available_false {
+        None => say("  Available:          stayed True throughout"),
+        Some((t, v)) => say(format!("  Available:          at {}: {v}", secs(*t))),
+    }
     let (healthy_at, after) = done.healthy.take().expect("the loop ends when healthy");
     say(format!(
         "  healthy again:      at {} (3 of 3 voters, nothing left to do)",
@@ -399,9 +708,10 @@ async fn sandbox_demo() -> Result<(), DemoError> {
     drop(sandbox);
     say("");
     say(format!(
-        "Done in {} in all (environment ready in {}); etcd processes stopped, {} removed.",
+        "Done in {} in all (bring-up {}, remediation {} from the mark); etcd processes stopped, {} removed.",
         secs(run_started.elapsed()),
-        secs(etcd_ready),
+        secs(bring_up_done),
+        secs(remediation_done),
         dir.display()
     ));
     Ok(())
@@ -440,7 +750,8 @@ async fn against_cluster(path: &Path) -> Result<(), DemoError> {
     }
     let clock = Clock::default();
     clock.start();
-    let timeline = start_timeline(client.clone(), None, clock).await?;
+    let timeline =
+        start_timeline(client.clone(), None, clock, Watches::EVENTS_AND_MACHINES).await?;
     let metrics = Metrics::register(&mut Registry::default());
     let ctx = Context::new(client, metrics, EtcdPool::default(), Settings::default());
     let (stop, stopped) = oneshot::channel::<()>();

@@ -1,11 +1,15 @@
-//! The demo's timeline: one line per new Event and per Machine change, with
-//! times relative to the moment the Machine is marked.
+//! The demo's timeline: one line per new Event and per Machine change (and, in
+//! the self-contained demo, per Secret created and per change of the control
+//! plane's `Initialized`/`Available` conditions), with times relative to the
+//! clock's origin (the controller's start for the bring-up, the mark for the
+//! remediation).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -13,15 +17,16 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::api::Machine;
 use crate::api::names::{
     DELETING_CONDITION, HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION,
     PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
 };
+use crate::api::{KThreesControlPlane, Machine};
+use crate::controller::contract_conditions::{AVAILABLE, INITIALIZED};
 
 use super::DemoError;
 
-/// Relative timestamps from one origin (the moment the Machine is marked).
+/// Relative timestamps from one origin.
 #[derive(Clone, Default)]
 pub(super) struct Clock(Arc<OnceLock<Instant>>);
 
@@ -51,8 +56,10 @@ pub(super) fn say(text: impl AsRef<str>) {
 // The timeline: one line per new Event and per Machine change.
 
 /// The watch tasks; aborted on drop. `events` records (time, reason, note) of
-/// each Event, and (time, `Machine/created` or `Machine/deleted`, name) of
-/// Machines coming and going.
+/// each Event, (time, `Machine/created` or `Machine/deleted`, name) of
+/// Machines coming and going, (time, `Secret/created`, name) of Secrets and
+/// (time, `Condition/<type>`, `<status> (<reason>): <message>`) of the
+/// control plane's conditions.
 pub(super) struct Timeline {
     tasks: Vec<JoinHandle<()>>,
     events: Arc<Mutex<Vec<(Duration, String, String)>>>,
@@ -68,6 +75,41 @@ impl Drop for Timeline {
 
 pub(super) const MACHINE_CREATED: &str = "Machine/created";
 pub(super) const MACHINE_DELETED: &str = "Machine/deleted";
+pub(super) const SECRET_CREATED: &str = "Secret/created";
+
+/// The record kind of a change of the control plane's condition `type_`.
+pub(super) fn condition_record(type_: &str) -> String {
+    format!("Condition/{type_}")
+}
+
+/// What the timeline watches besides Events and Machines.
+#[derive(Clone, Copy)]
+pub(super) struct Watches {
+    /// Secrets created (their names and owner, never their content).
+    pub secrets: bool,
+    /// The KThreesControlPlanes' `Initialized` and `Available` conditions.
+    pub control_planes: bool,
+}
+
+impl Watches {
+    pub(super) const EVENTS_AND_MACHINES: Watches = Watches {
+        secrets: false,
+        control_planes: false,
+    };
+    pub(super) const ALL: Watches = Watches {
+        secrets: true,
+        control_planes: true,
+    };
+}
+
+type Records = Arc<Mutex<Vec<(Duration, String, String)>>>;
+
+fn push(recorded: &Records, at: Duration, what: &str, note: String) {
+    recorded
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((at, what.to_string(), note));
+}
 
 impl Timeline {
     /// The first record of `what` (an Event reason, or [`MACHINE_CREATED`] /
@@ -86,50 +128,183 @@ impl Timeline {
     }
 }
 
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// Watch Events (events.k8s.io/v1) and Machines in `namespace` (all when
-/// `None`); returns once both watches have listed what exists (that is not
-/// printed: only what happens afterwards).
+/// `None`), and what `watches` adds; returns once every watch has listed what
+/// exists (that is not printed: only what happens afterwards).
 pub(super) async fn start_timeline(
     client: Client,
     namespace: Option<&str>,
     clock: Clock,
+    watches: Watches,
 ) -> Result<Timeline, DemoError> {
-    let (events_api, machines_api): (Api<Event>, Api<Machine>) = match namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
+    let recorded: Records = Arc::new(Mutex::new(Vec::new()));
+    let mut ready = Vec::new();
+    let mut synced = || {
+        let (tx, rx) = oneshot::channel();
+        ready.push(rx);
+        tx
     };
-    let recorded = Arc::new(Mutex::new(Vec::new()));
-    let (events_synced, events_ready) = oneshot::channel();
-    let (machines_synced, machines_ready) = oneshot::channel();
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(watch_events(
-            events_api,
+            api(&client, namespace),
             clock.clone(),
             recorded.clone(),
-            events_synced,
+            synced(),
         )),
         tokio::spawn(watch_machines(
-            machines_api,
-            clock,
+            api(&client, namespace),
+            clock.clone(),
             recorded.clone(),
-            machines_synced,
+            synced(),
         )),
     ];
+    if watches.secrets {
+        tasks.push(tokio::spawn(watch_secrets(
+            api(&client, namespace),
+            clock.clone(),
+            recorded.clone(),
+            synced(),
+        )));
+    }
+    if watches.control_planes {
+        tasks.push(tokio::spawn(watch_control_planes(
+            api(&client, namespace),
+            clock.clone(),
+            recorded.clone(),
+            synced(),
+        )));
+    }
     let timeline = Timeline {
         tasks,
         events: recorded,
     };
-    let synced = async {
-        let _ = events_ready.await;
-        let _ = machines_ready.await;
+    let all_synced = async {
+        for rx in ready {
+            let _ = rx.await;
+        }
     };
-    tokio::time::timeout(Duration::from_secs(20), synced)
+    tokio::time::timeout(Duration::from_secs(20), all_synced)
         .await
         .map_err(|_| DemoError::Failed("watching Events and Machines did not start".into()))?;
     Ok(timeline)
+}
+
+/// One line per Secret created: its name, type and controlling owner. Never
+/// its content.
+async fn watch_secrets(
+    api: Api<Secret>,
+    clock: Clock,
+    recorded: Records,
+    synced: oneshot::Sender<()>,
+) {
+    let mut synced = Some(synced);
+    let mut initial = true;
+    let mut known: std::collections::HashSet<String> = Default::default();
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    while let Some(item) = stream.next().await {
+        let secret = match item {
+            Ok(watcher::Event::Init) => continue,
+            Ok(watcher::Event::InitDone) => {
+                initial = false;
+                if let Some(tx) = synced.take() {
+                    let _ = tx.send(());
+                }
+                continue;
+            }
+            Ok(watcher::Event::InitApply(s)) if initial && synced.is_some() => {
+                known.insert(s.name_any());
+                continue;
+            }
+            Ok(watcher::Event::InitApply(s) | watcher::Event::Apply(s)) => s,
+            Ok(watcher::Event::Delete(s)) => {
+                known.remove(&s.name_any());
+                continue;
+            }
+            Err(err) => {
+                tracing::debug!(%err, "secret watch");
+                continue;
+            }
+        };
+        let name = secret.name_any();
+        if !known.insert(name.clone()) {
+            continue;
+        }
+        let owner = secret
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| format!(", owned by {} {}", o.kind, o.name))
+            .unwrap_or_default();
+        say(format!(
+            "{} Secret {name}: created (type {}{owner})",
+            clock.stamp(),
+            secret.type_.as_deref().unwrap_or("Opaque")
+        ));
+        push(&recorded, clock.elapsed(), SECRET_CREATED, name);
+    }
+}
+
+/// One line per change of a KThreesControlPlane's `Initialized` or
+/// `Available` condition (status, reason or message).
+async fn watch_control_planes(
+    api: Api<KThreesControlPlane>,
+    clock: Clock,
+    recorded: Records,
+    synced: oneshot::Sender<()>,
+) {
+    let mut synced = Some(synced);
+    let mut initial = true;
+    let mut known: HashMap<(String, &'static str), String> = HashMap::new();
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    while let Some(item) = stream.next().await {
+        let (kcp, quiet) = match item {
+            Ok(watcher::Event::Init) | Ok(watcher::Event::Delete(_)) => continue,
+            Ok(watcher::Event::InitDone) => {
+                initial = false;
+                if let Some(tx) = synced.take() {
+                    let _ = tx.send(());
+                }
+                continue;
+            }
+            Ok(watcher::Event::InitApply(k)) => (k, initial && synced.is_some()),
+            Ok(watcher::Event::Apply(k)) => (k, false),
+            Err(err) => {
+                tracing::debug!(%err, "control plane watch");
+                continue;
+            }
+        };
+        for type_ in [INITIALIZED, AVAILABLE] {
+            let Some(c) = kcp.conditions().iter().find(|c| c.type_ == type_) else {
+                continue;
+            };
+            let value = if c.message.is_empty() {
+                format!("{} ({})", c.status, c.reason)
+            } else {
+                format!("{} ({}): {}", c.status, c.reason, c.message)
+            };
+            let previous = known.insert((kcp.name_any(), type_), value.clone());
+            if quiet || previous.as_ref() == Some(&value) {
+                continue;
+            }
+            say(format!(
+                "{} KThreesControlPlane {}: {type_}={value}",
+                clock.stamp(),
+                kcp.name_any()
+            ));
+            push(&recorded, clock.elapsed(), &condition_record(type_), value);
+        }
+    }
 }
 
 pub(super) async fn watch_events(
@@ -175,12 +350,17 @@ pub(super) async fn watch_events(
             Some("Warning") => "Warning ",
             _ => "",
         };
-        let repeat = if count > 1 {
-            format!(" (x{count})")
+        if count > 1 {
+            // A repeat in an Event series: kube's recorder groups Events by
+            // reason and object (not by note) and keeps the first note, so the
+            // note would name the first occurrence; say only that it repeated.
+            say(format!(
+                "{} {kind}{reason} again (x{count} in its Event series, which keeps the first note)",
+                clock.stamp()
+            ));
         } else {
-            String::new()
-        };
-        say(format!("{} {kind}{reason}: {note}{repeat}", clock.stamp()));
+            say(format!("{} {kind}{reason}: {note}", clock.stamp()));
+        }
         recorded
             .lock()
             .unwrap_or_else(|p| p.into_inner())

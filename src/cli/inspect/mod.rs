@@ -104,8 +104,13 @@ pub fn parse_target(given: &str) -> Result<(String, String), InspectError> {
 /// Logging for interactive commands: warnings only unless `RUST_LOG` says
 /// otherwise, on stderr so stdout stays the report.
 pub fn init_quiet_logging() {
+    init_logging_or("warn");
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` or else by `default`.
+pub fn init_logging_or(default: &str) {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
