@@ -48,12 +48,13 @@ pub async fn act(
         Action::Idle | Action::Wait => return Ok(outcome),
         Action::CreateMachine => {
             let name = create_machine(ctx, world, None).await?;
-            publish(
+            publish_about(
                 ctx,
                 kcp,
                 EventType::Normal,
                 "MachineCreated",
                 &format!("created Machine {name}: {}", plan.message),
+                Some(machine_ref(&namespace, &name)),
             )
             .await;
             outcome.created = Some(name);
@@ -200,7 +201,17 @@ pub async fn act(
         Step::Wait { .. } | Step::Done => return Ok(outcome),
     }
     let note = describe(removal, step, plan, outcome.created.as_deref());
-    publish(ctx, kcp, EventType::Normal, event_reason(step), &note).await;
+    // Related to the Machine being removed, so that every removal's Events form
+    // their own series (the recorder folds Events of one reason and related object).
+    publish_about(
+        ctx,
+        kcp,
+        EventType::Normal,
+        event_reason(step),
+        &note,
+        Some(machine_ref(&namespace, &removal.machine)),
+    )
+    .await;
     ctx.metrics.remediation(match step {
         Step::RecordRemediation { .. } => "started",
         Step::CreateReplacement { .. } => "completed",
@@ -293,12 +304,36 @@ pub async fn publish(
     reason: &str,
     note: &str,
 ) {
+    publish_about(ctx, kcp, type_, reason, note, None).await;
+}
+
+/// A reference to a Machine, as the `related` object of an Event.
+pub fn machine_ref(namespace: &str, name: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("cluster.x-k8s.io/v1beta2".into()),
+        kind: Some("Machine".into()),
+        name: Some(name.to_string()),
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    }
+}
+
+/// [`publish`] with a related object (a Machine, a Secret): Events about
+/// different objects are kept apart instead of folded into one series.
+pub async fn publish_about(
+    ctx: &Context,
+    kcp: &KThreesControlPlane,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+) {
     let event = Event {
         type_,
         reason: reason.to_string(),
         note: Some(truncate(note, 1000)),
         action: reason.to_string(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(err) = ctx.recorder.publish(&event, &kcp.object_ref(&())).await {
         tracing::warn!(%err, reason, "could not publish event");

@@ -9,11 +9,13 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
-use crate::api::names::{KCP_FINALIZER, PRE_TERMINATE_HOOK_ANNOTATION};
+use crate::api::names::{
+    KCP_FINALIZER, KUBECONFIG_SECRET_SUFFIX, PRE_TERMINATE_HOOK_ANNOTATION, TOKEN_SECRET_SUFFIX,
+};
 use crate::api::{KThreesControlPlane, Machine};
-use crate::lifecycle::{DeletionStep, Lifecycle};
+use crate::lifecycle::{DeletionStep, Lifecycle, SecretWrite};
 
-use super::act::publish;
+use super::act::{publish, publish_about};
 use super::cluster_secrets::SecretWriter;
 use super::context::Context;
 use super::error::{Error, Result};
@@ -70,12 +72,19 @@ pub async fn apply(ctx: &Context, world: &World, lifecycle: &Lifecycle) -> Resul
             for write in &plan.writes {
                 writer.write(write).await?;
                 info!(%write, "cluster Secret written");
-                publish(
+                publish_about(
                     ctx,
                     kcp,
                     EventType::Normal,
                     "ClusterSecretWritten",
                     &format!("{write} for Cluster {namespace}/{cluster}"),
+                    Some(k8s_openapi::api::core::v1::ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Secret".into()),
+                        name: Some(write_secret_name(write, cluster)),
+                        namespace: Some(namespace.clone()),
+                        ..Default::default()
+                    }),
                 )
                 .await;
             }
@@ -165,6 +174,17 @@ async fn apply_deletion(
     info!(step = step.name(), "{note}");
     publish(ctx, kcp, EventType::Normal, deletion_reason(step), &note).await;
     Ok(())
+}
+
+/// The Secret a write creates or updates.
+fn write_secret_name(write: &SecretWrite, cluster: &str) -> String {
+    match write {
+        SecretWrite::GenerateCa { purpose } => purpose.secret_name(cluster),
+        SecretWrite::GenerateToken => format!("{cluster}{TOKEN_SECRET_SUFFIX}"),
+        SecretWrite::CreateKubeconfig | SecretWrite::RotateKubeconfig { .. } => {
+            format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
+        }
+    }
 }
 
 fn deletion_reason(step: &DeletionStep) -> &'static str {

@@ -150,15 +150,19 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
     match &plan.action {
         Action::Wait => {
             if status_changed {
+                // The Event says what waits: a remediation or removal, or scaling.
+                let (type_, reason) = wait_event(&plan.rule);
                 publish(
                     ctx,
                     kcp,
-                    EventType::Warning,
-                    "RemediationBlocked",
+                    type_,
+                    reason,
                     &format!("{} ({})", plan.message, plan.rule),
                 )
                 .await;
-                ctx.metrics.remediation("deferred");
+                if reason == "RemediationBlocked" {
+                    ctx.metrics.remediation("deferred");
+                }
             }
             info!(rule = %plan.rule, "{}", plan.message);
             Ok(Requeue::requeue(ctx.settings.wait_requeue))
@@ -223,6 +227,22 @@ async fn settle_lifecycle(
         } => Requeue::requeue(soon),
         _ => Requeue::requeue(ctx.settings.wait_requeue),
     })
+}
+
+/// The Event of a waiting plan, by the rule that waits: a bring-up waiting for
+/// its first server or scaling one Machine at a time is normal; a blocked
+/// remediation or scale-down is a warning.
+fn wait_event(rule: &str) -> (EventType, &'static str) {
+    if rule == "scale-up.waiting-for-initialization" {
+        (EventType::Normal, "WaitingForInitialization")
+    } else if rule.starts_with("scale-up.") {
+        // One Machine at a time: waiting for the last one is ordinary progress.
+        (EventType::Normal, "ScalingUpWaiting")
+    } else if rule.starts_with("scale-down.") {
+        (EventType::Warning, "ScalingDownBlocked")
+    } else {
+        (EventType::Warning, "RemediationBlocked")
+    }
 }
 
 /// On error: log, count by stage, and retry with this object's own backoff.
