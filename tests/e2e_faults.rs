@@ -11,7 +11,7 @@ use k3s_control_plane::controller::reconcile::reconcile;
 use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::Api;
+use kube::{Api, ResourceExt};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use std::sync::Arc;
@@ -192,4 +192,202 @@ async fn ghost_member_after_a_failed_join_is_counted_unhealthy_then_cleaned_up()
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
     assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
     controller.stop().await;
+}
+
+/// Drive the control plane one reconcile at a time, each by a FRESH controller
+/// (new Context: no pool, no memory; a crash and restart after every step),
+/// with the simulated infrastructure between steps, until `done`. Checks at
+/// every step: at most one Machine deleting, etcd never below quorum.
+async fn step_with_a_new_controller_each_time(
+    sandbox: &mut Sandbox,
+    what: &str,
+    before_each: &mut dyn FnMut(&mut Sandbox, &k3s_control_plane::controller::plan::Plan),
+    done: &dyn Fn(&[k3s_control_plane::api::Machine]) -> bool,
+) -> usize {
+    use k3s_control_plane::controller::observe::observe;
+    use k3s_control_plane::controller::plan::plan;
+    use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
+    let deadline = tokio::time::Instant::now() + LIMIT * 2;
+    let mut steps = 0;
+    loop {
+        let ctx = sandbox.context();
+        let current = (*kcp(sandbox).await).clone();
+        if let Ok((world, _)) = observe(&ctx, current).await
+            && let Ok(planned) = plan(&world)
+        {
+            before_each(sandbox, &planned);
+        }
+        let _ = reconcile(kcp(sandbox).await, ctx).await;
+        steps += 1;
+        reconcile_infrastructure(sandbox, LIMIT).await.unwrap();
+        let all = machines(sandbox).await;
+        assert!(all.iter().filter(|m| m.is_deleting()).count() <= 1, "{what}: two Machines deleting");
+        if let Ok(snap) = sandbox.etcd.connect().snapshot().await {
+            let a = snap.assess_cluster();
+            assert!(a.healthy >= a.size || a.voters == 0, "{what}: below quorum: {a}");
+        }
+        if done(&all) {
+            return steps;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not done after {steps} steps");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remediation_survives_a_controller_crash_after_every_step() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
+    let target = sandbox.machines[sandbox.etcd.index_of(leader).unwrap()].clone();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let steps = step_with_a_new_controller_each_time(
+        &mut sandbox,
+        "remediation",
+        &mut |_, _| {},
+        &|all| {
+            all.len() == 3
+                && all.iter().all(|m| m.node_name().is_some() && !m.is_deleting())
+                && !all.iter().any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+        },
+    )
+    .await;
+    // Wait for the record to be cleared too (the last step).
+    sandbox
+        .wait_for("remediation-in-progress cleared", LIMIT, || async {
+            let _ = reconcile(kcp(&sandbox).await, sandbox.context()).await;
+            let k = kcp(&sandbox).await;
+            if k.annotations().contains_key("controlplane.cluster.x-k8s.io/remediation-in-progress") {
+                Err("still recorded".to_string())
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+    for (reason, times) in [
+        ("RemediationStarted", 1),
+        ("PreTerminateHookAdded", 1),
+        ("EtcdLeadershipMoved", 1),
+        ("MachineDeleting", 1),
+        ("EtcdMemberRemoved", 1),
+        ("PreTerminateHookReleased", 1),
+        ("ReplacementCreated", 1),
+        ("RemediationCompleted", 1),
+    ] {
+        assert_eq!(event_count(&sandbox, reason).await, times, "{reason} after {steps} restarts");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_down_survives_a_controller_crash_after_every_step() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    sandbox
+        .kcp_api()
+        .patch(KCP, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 1}})))
+        .await
+        .unwrap();
+    let steps = step_with_a_new_controller_each_time(&mut sandbox, "scale-down", &mut |_, _| {}, &|all| {
+        all.len() == 1 && all.iter().all(|m| !m.is_deleting())
+    })
+    .await;
+    let admin = sandbox.etcd.connect();
+    assert_eq!(snapshot(&sandbox, &admin).await.members.len(), 1);
+    for (reason, times) in [
+        ("MachineDeleting", 2),
+        ("EtcdMemberRemoved", 2),
+        ("PreTerminateHookReleased", 2),
+        ("ReplacementCreated", 0),
+    ] {
+        assert_eq!(event_count(&sandbox, reason).await, times, "{reason} after {steps} restarts");
+    }
+}
+
+/// 2 of 3 members dead: a remediation is refused within seconds, saying that
+/// quorum is lost, with the numbers; nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_three_members_dead_is_refused_within_seconds_saying_quorum_is_lost() {
+    use e2e_support::wait_owner_remediated;
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    sandbox.etcd.kill(0).unwrap();
+    sandbox.etcd.kill(1).unwrap();
+    let target = sandbox.machines[0].clone();
+    let controller = sandbox.start_controller();
+    let started = tokio::time::Instant::now();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let message = wait_owner_remediated(
+        &sandbox,
+        &target,
+        "CannotBeRemediated",
+        &["quorum", "1 of 2 voters healthy, quorum needs 2"],
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(15), "refused only after {took:?}: {message}");
+    let etcd = condition(&*kcp(&sandbox).await, "EtcdClusterHealthy");
+    assert_eq!(etcd.status, "False");
+    assert!(etcd.message.contains("1 of 3 voters healthy"), "{}", etcd.message);
+    assert!(machines(&sandbox).await.iter().all(|m| !m.is_deleting()));
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
+    controller.stop().await;
+    eprintln!("two of three dead: refused in {took:?}");
+}
+
+/// The leader is killed, or paused (SIGSTOP), exactly when the controller is
+/// about to move leadership off it: the move fails, a new leader is elected, and
+/// the removal completes on the next steps, nothing repeated, one replacement.
+async fn leader_fault_during_the_leadership_move(pause: bool) {
+    use k3s_control_plane::controller::plan::Action;
+    use k3s_control_plane::remediation::steps::Step;
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
+    let leader_index = sandbox.etcd.index_of(leader).unwrap();
+    let target = sandbox.machines[leader_index].clone();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let mut struck = false;
+    step_with_a_new_controller_each_time(
+        &mut sandbox,
+        if pause { "leader paused" } else { "leader killed" },
+        &mut |sandbox, planned| {
+            if !struck && matches!(planned.action, Action::Step { step: Step::MoveLeadership { .. }, .. }) {
+                struck = true;
+                if pause {
+                    sandbox.etcd.pause(leader_index).unwrap();
+                } else {
+                    sandbox.etcd.kill(leader_index).unwrap();
+                }
+            }
+        },
+        &|all| {
+            all.len() == 3
+                && all.iter().all(|m| m.node_name().is_some() && !m.is_deleting())
+                && !all.iter().any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+        },
+    )
+    .await;
+    assert!(struck, "the leadership move was never reached");
+    if pause {
+        let _ = sandbox.etcd.resume(leader_index);
+    }
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
+    assert_eq!(event_count(&sandbox, "MachineDeleting").await, 1);
+    assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
+    let admin = sandbox.etcd.connect();
+    let snap = snapshot(&sandbox, &admin).await;
+    assert!(snap.member(leader).is_none(), "the old leader's member is still listed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_in_the_middle_of_a_leadership_move() {
+    leader_fault_during_the_leadership_move(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_paused_in_the_middle_of_a_leadership_move() {
+    leader_fault_during_the_leadership_move(true).await;
 }
