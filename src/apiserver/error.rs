@@ -121,9 +121,7 @@ impl ApiError {
                 detail,
             } => Some(details(
                 subject,
-                Some(
-                    json!([{"reason": "FieldValueInvalid", "message": format!("{field}: {detail}"), "field": field}]),
-                ),
+                Some(json!([{"reason": cause_reason(detail), "message": detail, "field": field}])),
             )),
             _ => None,
         };
@@ -138,6 +136,25 @@ impl ApiError {
         }
         status
     }
+}
+
+/// The `StatusCause` reason of a field error, from its detail's type prefix
+/// (`field.Error.Type`: "Required value", "Forbidden", ...), as upstream.
+fn cause_reason(detail: &str) -> &'static str {
+    const TYPES: &[(&str, &str)] = &[
+        ("Required value", "FieldValueRequired"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Not found", "FieldValueNotFound"),
+        ("Internal error", "InternalError"),
+    ];
+    TYPES
+        .iter()
+        .find(|(prefix, _)| detail.starts_with(prefix))
+        .map_or("FieldValueInvalid", |(_, reason)| reason)
 }
 
 fn details(s: &Subject, causes: Option<Value>) -> Value {
@@ -194,5 +211,15 @@ mod tests {
         };
         assert_eq!(err.code(), 422);
         assert!(err.to_string().starts_with("KThreesControlPlane.controlplane.cluster.x-k8s.io \"kcp-1\" is invalid: metadata.finalizers"));
+        // A cause carries the field error's body (no field) and its type.
+        let cause = &err.to_status()["details"]["causes"][0];
+        assert_eq!(cause["field"], "metadata.finalizers");
+        assert_eq!(cause["reason"], "FieldValueForbidden");
+        assert!(
+            cause["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Forbidden: ")
+        );
     }
 }

@@ -344,11 +344,15 @@ fn scale(
         })?;
     let mut updated = current.clone();
     meta::set_path(&mut updated, &paths.spec_replicas_path, replicas);
-    let rv = desired
+    // A Scale with a resourceVersion is conditional on it; one without keeps the
+    // stored one (unconditional), as the real scale subresource of a CR does.
+    if let Some(rv) = desired
         .pointer("/metadata/resourceVersion")
-        .cloned()
-        .unwrap_or(Value::Null);
-    meta::meta_mut(&mut updated).insert("resourceVersion".into(), rv);
+        .and_then(Value::as_str)
+        .filter(|rv| !rv.is_empty())
+    {
+        meta::meta_mut(&mut updated).insert("resourceVersion".into(), json!(rv));
+    }
     let written = store.replace(def, version, ns, name, updated, Target::Main)?;
     Ok(json_response(StatusCode::OK, to_scale(&written)))
 }
