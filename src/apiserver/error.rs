@@ -65,6 +65,9 @@ pub enum ApiError {
     /// The real server answers some client mistakes with a bare 500 (no reason).
     #[error("{0}")]
     Internal(String),
+    /// A server-side failure (`NewInternalError`): 500 with reason InternalError.
+    #[error("Internal error occurred: {0}")]
+    InternalError(String),
     #[error("the body of the request was in an unknown format - accepted media types include: {0}")]
     UnsupportedMediaType(String),
 }
@@ -80,7 +83,7 @@ impl ApiError {
             Self::Gone(_) => 410,
             Self::MethodNotAllowed => 405,
             Self::UnsupportedMediaType(_) => 415,
-            Self::Internal(_) => 500,
+            Self::Internal(_) | Self::InternalError(_) => 500,
         }
     }
 
@@ -95,6 +98,7 @@ impl ApiError {
             Self::Gone(_) => "Expired",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            Self::InternalError(_) => "InternalError",
             Self::Internal(_) => "",
         }
     }
@@ -123,6 +127,7 @@ impl ApiError {
                 subject,
                 Some(json!([{"reason": cause_reason(detail), "message": detail, "field": field}])),
             )),
+            Self::InternalError(cause) => Some(json!({"causes": [{"message": cause}]})),
             _ => None,
         };
         if self.reason().is_empty() {

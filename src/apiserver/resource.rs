@@ -241,6 +241,32 @@ impl Registry {
     pub fn all(&self) -> &[ResourceDef] {
         &self.defs
     }
+
+    /// The resource a test names: its `plural.group` (`plural` in the core
+    /// group, e.g. `secrets`, `leases.coordination.k8s.io`), else its plural,
+    /// else its Kind, when exactly one served resource matches.
+    pub fn resolve(&self, name: &str) -> Result<&ResourceDef, String> {
+        let by: [&dyn Fn(&ResourceDef) -> bool; 3] = [
+            &|d| d.qualified_plural() == name,
+            &|d| d.plural == name,
+            &|d| d.kind == name,
+        ];
+        for matches in by {
+            let found: Vec<&ResourceDef> = self.defs.iter().filter(|d| matches(d)).collect();
+            match found.as_slice() {
+                [one] => return Ok(one),
+                [] => continue,
+                many => {
+                    let names: Vec<String> = many.iter().map(|d| d.qualified_plural()).collect();
+                    return Err(format!(
+                        "{name:?} names several resources ({}): use plural.group",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+        Err(format!("{name:?} is not a resource this server serves"))
+    }
 }
 
 #[cfg(test)]
