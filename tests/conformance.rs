@@ -12,6 +12,8 @@ mod crud;
 mod deletion;
 #[path = "conformance/errors.rs"]
 mod errors;
+#[path = "conformance/faults.rs"]
+mod faults;
 #[path = "conformance/lists.rs"]
 mod lists;
 #[path = "conformance/patches.rs"]

@@ -65,6 +65,9 @@ pub enum ApiError {
     /// The real server answers some client mistakes with a bare 500 (no reason).
     #[error("{0}")]
     Internal(String),
+    /// A server-side failure (`NewInternalError`): 500 with reason InternalError.
+    #[error("Internal error occurred: {0}")]
+    InternalError(String),
     #[error("the body of the request was in an unknown format - accepted media types include: {0}")]
     UnsupportedMediaType(String),
 }
@@ -80,7 +83,7 @@ impl ApiError {
             Self::Gone(_) => 410,
             Self::MethodNotAllowed => 405,
             Self::UnsupportedMediaType(_) => 415,
-            Self::Internal(_) => 500,
+            Self::Internal(_) | Self::InternalError(_) => 500,
         }
     }
 
@@ -95,6 +98,7 @@ impl ApiError {
             Self::Gone(_) => "Expired",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            Self::InternalError(_) => "InternalError",
             Self::Internal(_) => "",
         }
     }
@@ -121,10 +125,9 @@ impl ApiError {
                 detail,
             } => Some(details(
                 subject,
-                Some(
-                    json!([{"reason": "FieldValueInvalid", "message": format!("{field}: {detail}"), "field": field}]),
-                ),
+                Some(json!([{"reason": cause_reason(detail), "message": detail, "field": field}])),
             )),
+            Self::InternalError(cause) => Some(json!({"causes": [{"message": cause}]})),
             _ => None,
         };
         if self.reason().is_empty() {
@@ -138,6 +141,25 @@ impl ApiError {
         }
         status
     }
+}
+
+/// The `StatusCause` reason of a field error, from its detail's type prefix
+/// (`field.Error.Type`: "Required value", "Forbidden", ...), as upstream.
+fn cause_reason(detail: &str) -> &'static str {
+    const TYPES: &[(&str, &str)] = &[
+        ("Required value", "FieldValueRequired"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Not found", "FieldValueNotFound"),
+        ("Internal error", "InternalError"),
+    ];
+    TYPES
+        .iter()
+        .find(|(prefix, _)| detail.starts_with(prefix))
+        .map_or("FieldValueInvalid", |(_, reason)| reason)
 }
 
 fn details(s: &Subject, causes: Option<Value>) -> Value {
@@ -194,5 +216,15 @@ mod tests {
         };
         assert_eq!(err.code(), 422);
         assert!(err.to_string().starts_with("KThreesControlPlane.controlplane.cluster.x-k8s.io \"kcp-1\" is invalid: metadata.finalizers"));
+        // A cause carries the field error's body (no field) and its type.
+        let cause = &err.to_status()["details"]["causes"][0];
+        assert_eq!(cause["field"], "metadata.finalizers");
+        assert_eq!(cause["reason"], "FieldValueForbidden");
+        assert!(
+            cause["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Forbidden: ")
+        );
     }
 }

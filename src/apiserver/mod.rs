@@ -7,6 +7,7 @@
 mod builtin;
 mod discovery;
 mod error;
+mod faults;
 mod meta;
 mod patch;
 mod resource;
@@ -31,8 +32,9 @@ pub use resource::{ResourceDef, ScaleDef, Scope};
 pub use selector::{FieldSelector, LabelSelector};
 pub use tls::ServerTls;
 
+use faults::Faults;
 use resource::Registry;
-use store::Store;
+use store::{ResKey, Store};
 
 /// Why the server could not start or build a client.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +168,7 @@ impl TestApiServerBuilder {
         let store = Arc::new(Store::new(self.registry, self.history_limit));
         let shutdown = CancellationToken::new();
         let (expiry_tx, expiry_rx) = tokio::sync::watch::channel(0u64);
+        let faults = Arc::new(Faults::default());
         let app = Arc::new(routes::App {
             watch: watch::WatchContext {
                 store: store.clone(),
@@ -173,6 +176,7 @@ impl TestApiServerBuilder {
                 shutdown: shutdown.clone(),
                 expiry: expiry_rx,
             },
+            faults: faults.clone(),
         });
         // The real server's request body limit is 3 MiB (axum's default would be 2 MiB).
         let router = axum::Router::new()
@@ -196,6 +200,7 @@ impl TestApiServerBuilder {
             addr,
             tls: self.tls,
             store,
+            faults,
             shutdown,
             expiry: expiry_tx,
             task: Mutex::new(Some(task)),
@@ -229,6 +234,7 @@ pub struct TestApiServer {
     addr: SocketAddr,
     tls: Option<ServerTls>,
     store: Arc<Store>,
+    faults: Arc<Faults>,
     shutdown: CancellationToken,
     expiry: tokio::sync::watch::Sender<u64>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -358,6 +364,52 @@ impl TestApiServer {
     pub fn expire_watches(&self) {
         self.store.compact();
         self.expiry.send_modify(|n| *n += 1);
+    }
+
+    /// Test hook: the next write of `resource` fails with HTTP `code` and is not
+    /// carried out. Same as [`fail_next_writes`](Self::fail_next_writes)`(resource, code, 1)`.
+    pub fn fail_next_write(&self, resource: &str, code: u16) {
+        self.fail_next_writes(resource, code, 1);
+    }
+
+    /// Test hook: the next `n` writes of `resource` fail with HTTP `code` and are
+    /// not carried out (no revision, no watch event); later writes succeed.
+    ///
+    /// `resource` is `plural.group` (`plural` in the core group: `secrets`,
+    /// `kthreescontrolplanes.controlplane.cluster.x-k8s.io`), or a plural or Kind
+    /// naming one served resource. A write is a create (POST), update (PUT, also
+    /// `/status` and `/scale`), patch (PATCH, also subresources) or delete (DELETE
+    /// of one object) of any object of the resource; reads, watches and
+    /// collection deletes are not. Each fault is taken by exactly one request,
+    /// answered before the request is looked at. Codes, with the real server's
+    /// `Status`: `409` — reason `Conflict` (`Operation cannot be fulfilled on
+    /// <plural.group> "<name>": the object has been modified; please apply your
+    /// changes to the latest version and try again`) for update, patch and delete,
+    /// reason `AlreadyExists` for a create (the only 409 a real create gets);
+    /// `500` — reason `InternalError` (`Internal error occurred: ...`). Faults
+    /// queue up in the order injected.
+    ///
+    /// # Panics
+    /// If `resource` names no served resource or several, or `code` is not
+    /// one of 409, 500.
+    pub fn fail_next_writes(&self, resource: &str, code: u16, n: usize) {
+        let def = self.resolve(resource);
+        self.faults.push(ResKey::of(def), code, n);
+    }
+
+    /// Injected write faults of `resource` not yet taken by a write.
+    ///
+    /// # Panics
+    /// If `resource` names no served resource or several.
+    pub fn pending_write_faults(&self, resource: &str) -> usize {
+        self.faults.pending(&ResKey::of(self.resolve(resource)))
+    }
+
+    fn resolve(&self, resource: &str) -> &ResourceDef {
+        self.store
+            .registry()
+            .resolve(resource)
+            .unwrap_or_else(|e| panic!("test API server fault injection: {e}"))
     }
 
     /// Stop serving: open watches end, the listener closes.

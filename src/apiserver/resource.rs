@@ -34,10 +34,21 @@ pub struct ResourceDef {
     pub selectable_fields: Vec<String>,
     /// Short names for kubectl (`cm`, `kcp`), served in discovery.
     pub short_names: Vec<String>,
+    /// A PUT without `metadata.resourceVersion` overwrites whatever is stored
+    /// (the strategy's `AllowUnconditionalUpdate`): true for most built-in kinds
+    /// (ConfigMap, Secret, Pod, Node, Namespace, Event, ...); false for custom
+    /// resources and Leases, which answer 422 Invalid
+    /// (`metadata.resourceVersion: Invalid value: 0x0: must be specified for an update`).
+    pub unconditional_update: bool,
 }
 
+/// Built-in resources whose strategy refuses an unconditional update
+/// (`AllowUnconditionalUpdate() == false` in kubernetes/pkg/registry).
+const BUILTIN_CONDITIONAL_ONLY: &[(&str, &str)] = &[("coordination.k8s.io", "leases")];
+
 impl ResourceDef {
-    /// A resource described by hand.
+    /// A resource described by hand; updates behave as for a custom resource
+    /// (a PUT must carry `metadata.resourceVersion`).
     pub fn new(api: ApiResource, scope: Scope) -> Self {
         Self {
             group: api.group,
@@ -49,10 +60,13 @@ impl ResourceDef {
             scale: None,
             selectable_fields: Vec::new(),
             short_names: Vec::new(),
+            unconditional_update: false,
         }
     }
 
-    /// A built-in type from k8s-openapi (scope from its `ResourceScope`).
+    /// A built-in type from k8s-openapi (scope from its `ResourceScope`); a PUT
+    /// without `metadata.resourceVersion` is unconditional as for the real
+    /// built-in (all but Lease among those served here).
     pub fn of<K>() -> Self
     where
         K: k8s_openapi::Resource,
@@ -65,7 +79,16 @@ impl ResourceDef {
             kind: K::KIND.to_string(),
             plural: K::URL_PATH_SEGMENT.to_string(),
         };
+        let conditional_only = BUILTIN_CONDITIONAL_ONLY.contains(&(K::GROUP, K::URL_PATH_SEGMENT));
         Self::new(api, <<K as k8s_openapi::Resource>::Scope as ScopeOf>::SCOPE)
+            .with_unconditional_update(!conditional_only)
+    }
+
+    /// Whether a PUT without `metadata.resourceVersion` is accepted (see
+    /// [`unconditional_update`](Self::unconditional_update)).
+    pub fn with_unconditional_update(mut self, allow: bool) -> Self {
+        self.unconditional_update = allow;
+        self
     }
 
     /// Every served version of a CRD with its scope and status/scale subresources.
@@ -100,6 +123,7 @@ impl ResourceDef {
             scale,
             selectable_fields,
             short_names: spec.names.short_names.clone().unwrap_or_default(),
+            unconditional_update: false,
         }
     }
 
@@ -217,6 +241,32 @@ impl Registry {
     pub fn all(&self) -> &[ResourceDef] {
         &self.defs
     }
+
+    /// The resource a test names: its `plural.group` (`plural` in the core
+    /// group, e.g. `secrets`, `leases.coordination.k8s.io`), else its plural,
+    /// else its Kind, when exactly one served resource matches.
+    pub fn resolve(&self, name: &str) -> Result<&ResourceDef, String> {
+        let by: [&dyn Fn(&ResourceDef) -> bool; 3] = [
+            &|d| d.qualified_plural() == name,
+            &|d| d.plural == name,
+            &|d| d.kind == name,
+        ];
+        for matches in by {
+            let found: Vec<&ResourceDef> = self.defs.iter().filter(|d| matches(d)).collect();
+            match found.as_slice() {
+                [one] => return Ok(one),
+                [] => continue,
+                many => {
+                    let names: Vec<String> = many.iter().map(|d| d.qualified_plural()).collect();
+                    return Err(format!(
+                        "{name:?} names several resources ({}): use plural.group",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+        Err(format!("{name:?} is not a resource this server serves"))
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +284,22 @@ mod tests {
         assert_eq!(secret.scope, Scope::Namespaced);
         assert_eq!(ResourceDef::of::<Namespace>().scope, Scope::Cluster);
         assert_eq!(secret.qualified_plural(), "secrets");
+    }
+
+    #[test]
+    fn unconditional_update_follows_the_real_strategies() {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        assert!(ResourceDef::of::<Secret>().unconditional_update);
+        assert!(ResourceDef::of::<ConfigMap>().unconditional_update);
+        assert!(ResourceDef::of::<Namespace>().unconditional_update);
+        assert!(!ResourceDef::of::<Lease>().unconditional_update);
+        let by_hand = ResourceDef::new(
+            kube::core::ApiResource::erase::<Secret>(&()),
+            Scope::Namespaced,
+        );
+        assert!(!by_hand.unconditional_update, "described by hand: a CR");
+        assert!(by_hand.with_unconditional_update(true).unconditional_update);
     }
 
     #[test]
@@ -258,5 +324,6 @@ mod tests {
             "spec.replicas"
         );
         assert_eq!(def.qualified_plural(), "widgets.example.com");
+        assert!(!def.unconditional_update);
     }
 }

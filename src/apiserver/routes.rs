@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::discovery;
 use super::error::ApiError;
+use super::faults::{Faults, Write};
 use super::meta;
 use super::patch::PatchKind;
 use super::resource::ResourceDef;
@@ -23,6 +24,8 @@ use super::watch::{self, WatchContext, WatchRequest, partial_object};
 #[derive(Clone)]
 pub struct App {
     pub watch: WatchContext,
+    /// Injected write faults (test hook).
+    pub faults: Arc<Faults>,
 }
 
 /// A parsed resource URL.
@@ -123,6 +126,24 @@ async fn handle(
     // The all-namespaces URL of a namespaced resource only lists and watches.
     if def.namespaced() && ns.is_none() && method != Method::GET {
         return Err(ApiError::MethodNotAllowed);
+    }
+    if let Some(write) = write_of(&method, route.name.as_deref(), route.subresource.as_deref()) {
+        let name = || match route.name.as_deref() {
+            Some(n) => n.to_string(),
+            // A create names its object in the body (or only a generateName prefix).
+            None => parse_body(headers, body)
+                .ok()
+                .and_then(|b| {
+                    meta::meta_str(&b, "name")
+                        .or_else(|| meta::meta_str(&b, "generateName"))
+                        .map(str::to_string)
+                })
+                .unwrap_or_default(),
+        };
+        if let Some(fault) = app.faults.take(def, write, name) {
+            tracing::debug!(resource = %def.qualified_plural(), ?write, code = fault.code(), "injected write fault");
+            return Err(fault);
+        }
     }
     match (route.name.as_deref(), route.subresource.as_deref(), method) {
         (name, None, Method::GET) if name.is_none() || is_watch(query) => {
@@ -344,13 +365,28 @@ fn scale(
         })?;
     let mut updated = current.clone();
     meta::set_path(&mut updated, &paths.spec_replicas_path, replicas);
-    let rv = desired
+    // A Scale with a resourceVersion is conditional on it; one without keeps the
+    // stored one (unconditional), as the real scale subresource of a CR does.
+    if let Some(rv) = desired
         .pointer("/metadata/resourceVersion")
-        .cloned()
-        .unwrap_or(Value::Null);
-    meta::meta_mut(&mut updated).insert("resourceVersion".into(), rv);
+        .and_then(Value::as_str)
+        .filter(|rv| !rv.is_empty())
+    {
+        meta::meta_mut(&mut updated).insert("resourceVersion".into(), json!(rv));
+    }
     let written = store.replace(def, version, ns, name, updated, Target::Main)?;
     Ok(json_response(StatusCode::OK, to_scale(&written)))
+}
+
+/// Which write a request is, if it is one a fault can hit (see `faults`).
+fn write_of(method: &Method, name: Option<&str>, subresource: Option<&str>) -> Option<Write> {
+    match (method, name, subresource) {
+        (&Method::POST, None, None) => Some(Write::Create),
+        (&Method::PUT, Some(_), _) => Some(Write::Update),
+        (&Method::PATCH, Some(_), _) => Some(Write::Patch),
+        (&Method::DELETE, Some(_), None) => Some(Write::Delete),
+        _ => None,
+    }
 }
 
 fn is_watch(query: &Query) -> bool {

@@ -401,6 +401,18 @@ impl Store {
         }
         let mut st = self.lock();
         let old = lookup(&st, def, ns, name)?.clone();
+        // As the generic registry's Update: without a resourceVersion the write
+        // is unconditional only where the strategy allows it (built-ins); for a
+        // custom resource (or a Lease) it is Invalid. The error names the
+        // resource (plural) where other Invalid errors name the Kind: upstream
+        // builds it from the qualified resource.
+        if body_resource_version(&body).is_none() && !def.unconditional_update {
+            return Err(ApiError::Invalid {
+                subject: Box::new(Subject::resource(def, name)),
+                field: "metadata.resourceVersion".into(),
+                detail: "Invalid value: 0x0: must be specified for an update".into(),
+            });
+        }
         let out = self.commit_update(&mut st, def, &old, body, target)?;
         Ok(with_version(def, version, out))
     }
@@ -475,7 +487,7 @@ impl Store {
         target: Target,
     ) -> Result<Value, ApiError> {
         let name = meta_str(old, "name").unwrap_or_default().to_string();
-        if let Some(rv) = meta_str(&new, "resourceVersion")
+        if let Some(rv) = body_resource_version(&new)
             && Some(rv) != meta_str(old, "resourceVersion")
         {
             return Err(conflict(def, &name));
@@ -624,6 +636,12 @@ impl Store {
         let first = st.history.partition_point(|e| e.rv <= after);
         Ok((st.history.range(first..).cloned().collect(), st.rv))
     }
+}
+
+/// The `metadata.resourceVersion` a write carries; empty counts as none (the
+/// real server parses "" as 0, "unset").
+fn body_resource_version(obj: &Value) -> Option<&str> {
+    meta_str(obj, "resourceVersion").filter(|rv| !rv.is_empty())
 }
 
 pub fn parse_rv(rv: &str) -> Result<u64, ApiError> {

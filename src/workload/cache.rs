@@ -11,7 +11,7 @@ use kube::{Client, ResourceExt};
 
 use super::error::Error;
 use super::secrets::{
-    EtcdAccess, etcd_access_from_secret, etcd_secret_name, kubeconfig_from_secret,
+    EtcdAccess, SecretIdentity, etcd_access_from_secret, etcd_secret_name, kubeconfig_from_secret,
     kubeconfig_secret_name, secret_ref,
 };
 
@@ -37,11 +37,21 @@ impl std::fmt::Display for ClusterKey {
     }
 }
 
-/// The two Secrets as read by the caller (`None` = not found).
-#[derive(Clone, Debug, Default)]
+/// The two Secrets as read by the caller (`None` = not found). `Debug` shows
+/// only each Secret's name, uid and resourceVersion, never its data.
+#[derive(Clone, Default)]
 pub struct ClusterSecrets {
     pub kubeconfig: Option<Secret>,
     pub etcd: Option<Secret>,
+}
+
+impl std::fmt::Debug for ClusterSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSecrets")
+            .field("kubeconfig", &self.kubeconfig.as_ref().map(SecretIdentity))
+            .field("etcd", &self.etcd.as_ref().map(SecretIdentity))
+            .finish()
+    }
 }
 
 /// Identity of one Secret version.
@@ -185,5 +195,86 @@ impl WorkloadCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("team-a".into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some("42".into()),
+                labels: Some(BTreeMap::from([("label".into(), "LABEL-VALUE".into())])),
+                ..Default::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            string_data: Some(BTreeMap::from([("extra".into(), "STRING-DATA".into())])),
+            ..Default::default()
+        }
+    }
+
+    fn base64(text: &str) -> String {
+        match serde_json::to_value(ByteString(text.as_bytes().to_vec())).unwrap() {
+            serde_json::Value::String(b64) => b64,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn debug_of_cluster_secrets_shows_identities_and_no_data() {
+        let key_pem = rcgen::KeyPair::generate().unwrap().serialize_pem();
+        let kubeconfig = format!(
+            "users:\n- user:\n    client-key-data: {}\n",
+            base64(&key_pem)
+        );
+        let secrets = ClusterSecrets {
+            kubeconfig: Some(secret("prod-kubeconfig", &[("value", &kubeconfig)])),
+            etcd: Some(secret(
+                "prod-etcd",
+                &[("tls.crt", &key_pem), ("tls.key", &key_pem)],
+            )),
+        };
+        let shown = format!("{secrets:?}");
+        for expected in [
+            "team-a/prod-kubeconfig",
+            "uid-prod-kubeconfig",
+            "team-a/prod-etcd",
+            "uid-prod-etcd",
+            "42",
+        ] {
+            assert!(shown.contains(expected), "{expected} missing: {shown}");
+        }
+        let pem_line = key_pem.lines().nth(1).unwrap();
+        for leaked in [
+            "BEGIN",
+            "PRIVATE KEY",
+            pem_line,
+            &base64(&key_pem)[..24],
+            &base64(&kubeconfig)[..24],
+            "client-key-data",
+            "ByteString",
+            "STRING-DATA",
+            "LABEL-VALUE",
+        ] {
+            assert!(!shown.contains(leaked), "Debug leaks {leaked:?}: {shown}");
+        }
+        let pretty = format!("{secrets:#?}");
+        assert!(!pretty.contains("BEGIN") && !pretty.contains(pem_line));
+        let empty = format!("{:?}", ClusterSecrets::default());
+        assert_eq!(empty, "ClusterSecrets { kubeconfig: None, etcd: None }");
     }
 }

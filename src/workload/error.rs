@@ -1,6 +1,8 @@
 //! Errors of workload-cluster access. Each names the Secret (`namespace/name`)
 //! and key involved; none carries Secret content, so they are safe to log.
 
+use super::trust::Refused;
+
 /// What went wrong reaching a workload cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,6 +21,16 @@ pub enum Error {
         secret: String,
         key: &'static str,
         reason: String,
+    },
+
+    /// The kubeconfig trust policy ([`super::trust`]) refuses `field` (e.g.
+    /// `users[admin].user.exec`); the field's value is never included.
+    #[error("secret {secret} key {key:?}: kubeconfig field {field} is refused: {why}")]
+    KubeconfigRefused {
+        secret: String,
+        key: &'static str,
+        field: String,
+        why: Refused,
     },
 
     #[error("secret {secret} key {key:?} is not UTF-8 text")]

@@ -3,6 +3,9 @@
 //! `<cluster>-etcd` Secret (absent = etcd not managed), the control-plane Nodes
 //! with their k3s etcd annotations, and how each etcd member is reached.
 //!
+//! A kubeconfig is used only after its trust policy ([`trust`]): no credential
+//! plugins, no files read from the controller's disk, TLS verification on.
+//!
 //! Parsing is pure and works on Secret and Node objects, so it is unit-tested
 //! without an API server; [`cache::WorkloadCache`] keeps one client per cluster
 //! and rebuilds it only when a Secret's uid or resourceVersion changes.
@@ -11,6 +14,7 @@ pub mod cache;
 pub mod error;
 pub mod nodes;
 pub mod secrets;
+pub mod trust;
 
 pub use cache::{ClusterKey, ClusterSecrets, WorkloadAccess, WorkloadCache};
 pub use error::Error;

@@ -9,6 +9,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::error::Error;
+use super::trust::{self, Refusal, Unusable, Verdict};
 use crate::api::names::{
     ETCD_CA_SECRET_SUFFIX, KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_SUFFIX, TLS_CERT_KEY,
     TLS_KEY_KEY,
@@ -33,6 +34,21 @@ pub fn secret_ref(secret: &Secret) -> String {
     )
 }
 
+/// `Debug` of a Secret that shows which one and which version it is
+/// (`namespace/name`, uid, resourceVersion), never its data, labels or
+/// annotations. For types holding Secrets, so they can be logged.
+pub struct SecretIdentity<'a>(pub &'a Secret);
+
+impl fmt::Debug for SecretIdentity<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Secret")
+            .field("secret", &secret_ref(self.0))
+            .field("uid", &self.0.metadata.uid)
+            .field("resource_version", &self.0.metadata.resource_version)
+            .finish_non_exhaustive()
+    }
+}
+
 fn key_bytes<'a>(secret: &'a Secret, key: &'static str) -> Option<&'a [u8]> {
     secret
         .data
@@ -52,8 +68,10 @@ fn key_text<'a>(secret: &'a Secret, key: &'static str) -> Result<Option<&'a str>
         .transpose()
 }
 
-/// Build a `kube::Config` from the kubeconfig in `secret` (key `value`).
-/// Nothing is contacted: a Client made from it connects on first use.
+/// Build a `kube::Config` from the kubeconfig in `secret` (key `value`), after
+/// the trust policy ([`super::trust`]): no credential plugins, no paths on the
+/// controller's disk, no disabled TLS verification, no proxy; refusals name the
+/// field. Nothing is contacted: a Client made from it connects on first use.
 pub async fn kubeconfig_from_secret(secret: &Secret) -> Result<kube::Config, Error> {
     let key = KUBECONFIG_SECRET_KEY;
     let name = secret_ref(secret);
@@ -64,6 +82,20 @@ pub async fn kubeconfig_from_secret(secret: &Secret) -> Result<kube::Config, Err
     let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| Error::NotKubeconfig {
         secret: name.clone(),
         key,
+    })?;
+    // Only the entries the policy checked reach kube.
+    let kubeconfig = trust::trusted(&kubeconfig).map_err(|verdict| match verdict {
+        Verdict::Refused(Refusal { field, why }) => Error::KubeconfigRefused {
+            secret: name.clone(),
+            key,
+            field,
+            why,
+        },
+        Verdict::Unusable(Unusable(reason)) => Error::KubeconfigUnusable {
+            secret: name.clone(),
+            key,
+            reason,
+        },
     })?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

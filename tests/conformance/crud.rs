@@ -301,23 +301,73 @@ async fn concurrent_replaces_from_one_resource_version_let_exactly_one_win() {
     .await;
 }
 
+/// The generic registry (`Store.Update`) accepts a PUT without
+/// `metadata.resourceVersion` only when the strategy's
+/// `AllowUnconditionalUpdate()` is true: built-ins such as ConfigMap, not
+/// custom resources. The error names the resource (plural), not the Kind.
 #[tokio::test]
-async fn replace_without_resource_version_is_unconditional() {
-    run("replace-unconditional", |env| async move {
+async fn replace_without_resource_version_is_invalid_422_for_a_custom_resource() {
+    run("replace-unconditional-cr", |env| async move {
         env.kcps()
             .create(&PostParams::default(), &kcp("kcp-1"))
             .await
             .unwrap();
         let mut blind = kcp("kcp-1");
         blind.data["spec"]["replicas"] = json!(5);
-        let replaced = env
-            .kcps()
-            .replace("kcp-1", &PostParams::default(), &blind)
+        let main = status_of(
+            env.kcps()
+                .replace("kcp-1", &PostParams::default(), &blind)
+                .await,
+        );
+        blind.data["status"] = json!({"replicas": 5});
+        let status = status_of(
+            env.kcps()
+                .replace_status("kcp-1", &PostParams::default(), &blind)
+                .await,
+        );
+        for status in [main, status] {
+            assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+            assert!(
+                status.message.starts_with(&format!(
+                    "kthreescontrolplanes.{KCP_GROUP} \"kcp-1\" is invalid: metadata.resourceVersion: Invalid value: "
+                )) && status.message.ends_with("must be specified for an update"),
+                "{}",
+                status.message
+            );
+            let details = status.details.expect("Invalid carries details");
+            assert_eq!(
+                (details.name.as_str(), details.group.as_str(), details.kind.as_str()),
+                ("kcp-1", KCP_GROUP, "kthreescontrolplanes")
+            );
+            assert_eq!(details.causes.len(), 1, "{:?}", details.causes);
+            assert_eq!(details.causes[0].field, "metadata.resourceVersion");
+            assert_eq!(details.causes[0].reason, "FieldValueInvalid");
+        }
+        let stored = env.kcps().get("kcp-1").await.unwrap();
+        assert_eq!(field(&stored, "/spec/replicas"), 3, "nothing was written");
+        assert!(field(&stored, "/status/replicas").is_null());
+        assert_eq!(stored.meta().generation, Some(1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replace_without_resource_version_is_unconditional_for_a_config_map() {
+    run("replace-unconditional-cm", |env| async move {
+        let created = env
+            .config_maps()
+            .create(&PostParams::default(), &config_map("cm", &[]))
             .await
             .unwrap();
-        assert_eq!(field(&replaced, "/spec/replicas"), 5);
-        assert!(replaced.meta().deletion_timestamp.is_none());
-        assert_eq!(replaced.meta().generation, Some(2));
+        let mut blind = config_map("cm", &[]);
+        blind.data = Some([("key".to_string(), "blind".to_string())].into());
+        let replaced = env
+            .config_maps()
+            .replace("cm", &PostParams::default(), &blind)
+            .await
+            .unwrap();
+        assert_eq!(replaced.data.as_ref().unwrap()["key"], "blind");
+        assert!(rv_of(&replaced) > rv_of(&created));
     })
     .await;
 }

@@ -113,6 +113,16 @@ async fn kube_runtime_watcher_recovers_from_gone_by_relisting() {
         .await;
         relisted.sort();
         assert_eq!(relisted, vec!["kcp-1".to_string(), "kcp-2".to_string()]);
+        // After the re-list the watcher watches again: later changes arrive.
+        env.kcps()
+            .patch(
+                "kcp-2",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 5}})),
+            )
+            .await
+            .unwrap();
+        watch_until(&mut events, |ev| is_apply(ev, "kcp-2", 5)).await;
     })
     .await;
 }

@@ -320,6 +320,53 @@ async fn watch_from_a_too_old_resource_version_is_gone_410() {
     .await;
 }
 
+/// `expire_watches` (local only) ends every open watch as a real server ends
+/// one whose revision was compacted: one ERROR event carrying a 410 `Status`
+/// (reason Expired, `too old resource version: N (M)`), then end of stream.
+#[tokio::test]
+async fn expired_open_watch_ends_with_one_410_error_event() {
+    run("watch-expired", |env| async move {
+        let Some(server) = env.server.as_ref() else {
+            eprintln!("skipped against a real cluster: its watches cannot be expired on demand");
+            return;
+        };
+        let created = env
+            .kcps()
+            .create(&PostParams::default(), &kcp("kcp-1"))
+            .await
+            .unwrap();
+        let mut events: Events<_> = env
+            .kcps()
+            .watch(
+                &WatchParams::default().timeout(60),
+                &created.resource_version().unwrap(),
+            )
+            .await
+            .unwrap()
+            .boxed();
+        server.expire_watches();
+        let status = match next_change(&mut events).await {
+            WatchEvent::Error(status) => status,
+            other => panic!("expected an ERROR event, got {:?}", describe(&other)),
+        };
+        assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+        assert!(
+            status.message.starts_with("too old resource version: "),
+            "{}",
+            status.message
+        );
+        let rest = tokio::time::timeout(DEADLINE, events.try_collect::<Vec<_>>())
+            .await
+            .expect("the stream ends after the ERROR event")
+            .unwrap();
+        assert!(
+            rest.iter().all(|e| matches!(e, WatchEvent::Bookmark(_))),
+            "nothing but bookmarks after the ERROR event"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn watch_across_all_namespaces_sees_every_namespace() {
     run("watch-all-namespaces", |env| async move {

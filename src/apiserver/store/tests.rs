@@ -168,3 +168,35 @@ fn orphaned_dependent_keeps_its_other_owners() {
         vec![b["metadata"]["uid"].as_str().unwrap().to_string()]
     );
 }
+
+#[test]
+fn put_without_resource_version_is_unconditional_only_where_allowed() {
+    let (s, def) = store(100);
+    s.create(&def, "v1", Some("ns"), widget("w")).unwrap();
+    let mut blind = widget("w");
+    blind["spec"]["size"] = json!(5);
+    for missing in [json!(null), json!("")] {
+        let mut body = blind.clone();
+        body["metadata"]["resourceVersion"] = missing;
+        let err = s
+            .replace(&def, "v1", Some("ns"), "w", body, Target::Main)
+            .unwrap_err();
+        assert_eq!((err.code(), err.reason()), (422, "Invalid"));
+        assert_eq!(
+            err.to_string(),
+            "widgets.example.com \"w\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+        );
+    }
+    let def = def.with_unconditional_update(true);
+    let mut body = blind.clone();
+    body["metadata"]["resourceVersion"] = json!("");
+    let written = s
+        .replace(&def, "v1", Some("ns"), "w", body, Target::Main)
+        .unwrap();
+    assert_eq!(written["spec"]["size"], 5);
+    blind["spec"]["size"] = json!(6);
+    let written = s
+        .replace(&def, "v1", Some("ns"), "w", blind, Target::Main)
+        .unwrap();
+    assert_eq!(written["spec"]["size"], 6);
+}
