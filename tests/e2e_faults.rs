@@ -11,8 +11,8 @@ use k3s_control_plane::controller::reconcile::reconcile;
 use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::{Api, ResourceExt};
 use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -221,15 +221,24 @@ async fn step_with_a_new_controller_each_time(
         steps += 1;
         reconcile_infrastructure(sandbox, LIMIT).await.unwrap();
         let all = machines(sandbox).await;
-        assert!(all.iter().filter(|m| m.is_deleting()).count() <= 1, "{what}: two Machines deleting");
+        assert!(
+            all.iter().filter(|m| m.is_deleting()).count() <= 1,
+            "{what}: two Machines deleting"
+        );
         if let Ok(snap) = sandbox.etcd.connect().snapshot().await {
             let a = snap.assess_cluster();
-            assert!(a.healthy >= a.size || a.voters == 0, "{what}: below quorum: {a}");
+            assert!(
+                a.healthy >= a.size || a.voters == 0,
+                "{what}: below quorum: {a}"
+            );
         }
         if done(&all) {
             return steps;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: not done after {steps} steps");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not done after {steps} steps"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
@@ -242,23 +251,25 @@ async fn a_remediation_survives_a_controller_crash_after_every_step() {
     let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
     let target = sandbox.machines[sandbox.etcd.index_of(leader).unwrap()].clone();
     sandbox.mark_unhealthy(&target).await.unwrap();
-    let steps = step_with_a_new_controller_each_time(
-        &mut sandbox,
-        "remediation",
-        &mut |_, _| {},
-        &|all| {
+    let steps =
+        step_with_a_new_controller_each_time(&mut sandbox, "remediation", &mut |_, _| {}, &|all| {
             all.len() == 3
-                && all.iter().all(|m| m.node_name().is_some() && !m.is_deleting())
-                && !all.iter().any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
-        },
-    )
-    .await;
+                && all
+                    .iter()
+                    .all(|m| m.node_name().is_some() && !m.is_deleting())
+                && !all
+                    .iter()
+                    .any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+        })
+        .await;
     // Wait for the record to be cleared too (the last step).
     sandbox
         .wait_for("remediation-in-progress cleared", LIMIT, || async {
             let _ = reconcile(kcp(&sandbox).await, sandbox.context()).await;
             let k = kcp(&sandbox).await;
-            if k.annotations().contains_key("controlplane.cluster.x-k8s.io/remediation-in-progress") {
+            if k.annotations()
+                .contains_key("controlplane.cluster.x-k8s.io/remediation-in-progress")
+            {
                 Err("still recorded".to_string())
             } else {
                 Ok(())
@@ -276,7 +287,11 @@ async fn a_remediation_survives_a_controller_crash_after_every_step() {
         ("ReplacementCreated", 1),
         ("RemediationCompleted", 1),
     ] {
-        assert_eq!(event_count(&sandbox, reason).await, times, "{reason} after {steps} restarts");
+        assert_eq!(
+            event_count(&sandbox, reason).await,
+            times,
+            "{reason} after {steps} restarts"
+        );
     }
 }
 
@@ -286,13 +301,18 @@ async fn a_scale_down_survives_a_controller_crash_after_every_step() {
     let mut sandbox = Sandbox::start(3).await.unwrap();
     sandbox
         .kcp_api()
-        .patch(KCP, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 1}})))
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
         .await
         .unwrap();
-    let steps = step_with_a_new_controller_each_time(&mut sandbox, "scale-down", &mut |_, _| {}, &|all| {
-        all.len() == 1 && all.iter().all(|m| !m.is_deleting())
-    })
-    .await;
+    let steps =
+        step_with_a_new_controller_each_time(&mut sandbox, "scale-down", &mut |_, _| {}, &|all| {
+            all.len() == 1 && all.iter().all(|m| !m.is_deleting())
+        })
+        .await;
     let admin = sandbox.etcd.connect();
     assert_eq!(snapshot(&sandbox, &admin).await.members.len(), 1);
     for (reason, times) in [
@@ -301,7 +321,11 @@ async fn a_scale_down_survives_a_controller_crash_after_every_step() {
         ("PreTerminateHookReleased", 2),
         ("ReplacementCreated", 0),
     ] {
-        assert_eq!(event_count(&sandbox, reason).await, times, "{reason} after {steps} restarts");
+        assert_eq!(
+            event_count(&sandbox, reason).await,
+            times,
+            "{reason} after {steps} restarts"
+        );
     }
 }
 
@@ -326,10 +350,17 @@ async fn two_of_three_members_dead_is_refused_within_seconds_saying_quorum_is_lo
     )
     .await;
     let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(15), "refused only after {took:?}: {message}");
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "refused only after {took:?}: {message}"
+    );
     let etcd = condition(&*kcp(&sandbox).await, "EtcdClusterHealthy");
     assert_eq!(etcd.status, "False");
-    assert!(etcd.message.contains("1 of 3 voters healthy"), "{}", etcd.message);
+    assert!(
+        etcd.message.contains("1 of 3 voters healthy"),
+        "{}",
+        etcd.message
+    );
     assert!(machines(&sandbox).await.iter().all(|m| !m.is_deleting()));
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
     controller.stop().await;
@@ -352,9 +383,21 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
     let mut struck = false;
     step_with_a_new_controller_each_time(
         &mut sandbox,
-        if pause { "leader paused" } else { "leader killed" },
+        if pause {
+            "leader paused"
+        } else {
+            "leader killed"
+        },
         &mut |sandbox, planned| {
-            if !struck && matches!(planned.action, Action::Step { step: Step::MoveLeadership { .. }, .. }) {
+            if !struck
+                && matches!(
+                    planned.action,
+                    Action::Step {
+                        step: Step::MoveLeadership { .. },
+                        ..
+                    }
+                )
+            {
                 struck = true;
                 if pause {
                     sandbox.etcd.pause(leader_index).unwrap();
@@ -365,8 +408,12 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
         },
         &|all| {
             all.len() == 3
-                && all.iter().all(|m| m.node_name().is_some() && !m.is_deleting())
-                && !all.iter().any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+                && all
+                    .iter()
+                    .all(|m| m.node_name().is_some() && !m.is_deleting())
+                && !all
+                    .iter()
+                    .any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
         },
     )
     .await;
@@ -379,7 +426,10 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
     assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
     let admin = sandbox.etcd.connect();
     let snap = snapshot(&sandbox, &admin).await;
-    assert!(snap.member(leader).is_none(), "the old leader's member is still listed");
+    assert!(
+        snap.member(leader).is_none(),
+        "the old leader's member is still listed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,4 +440,77 @@ async fn leader_killed_in_the_middle_of_a_leadership_move() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_paused_in_the_middle_of_a_leadership_move() {
     leader_fault_during_the_leadership_move(true).await;
+}
+
+/// In the middle of a remediation, the management API answers the next writes
+/// of Machines and of the control plane with 409 Conflict, and expires every
+/// watch (410 Gone, the watchers re-list): the controller observes again and
+/// finishes, every step once, exactly one replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_and_expired_watches_in_the_middle_of_a_remediation_lose_nothing() {
+    use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let target = sandbox.machines[1].clone();
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    sandbox
+        .wait_for("the remediation started", LIMIT, || async {
+            if event_count(&sandbox, "RemediationStarted").await > 0 {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        })
+        .await
+        .unwrap();
+    let machines_resource = "machines.cluster.x-k8s.io";
+    let kcps_resource = "kthreescontrolplanes.controlplane.cluster.x-k8s.io";
+    sandbox
+        .management
+        .fail_next_writes(machines_resource, 409, 3);
+    sandbox.management.fail_next_writes(kcps_resource, 409, 2);
+    sandbox.management.expire_watches();
+
+    let deadline = tokio::time::Instant::now() + LIMIT * 2;
+    loop {
+        reconcile_infrastructure(&mut sandbox, LIMIT).await.unwrap();
+        let all = machines(&sandbox).await;
+        assert!(all.iter().filter(|m| m.is_deleting()).count() <= 1);
+        let replaced = all.len() == 3
+            && all
+                .iter()
+                .all(|m| m.node_name().is_some() && !m.is_deleting())
+            && !all
+                .iter()
+                .any(|m| m.metadata.name.as_deref() == Some(target.as_str()));
+        let cleared = !kcp(&sandbox)
+            .await
+            .annotations()
+            .contains_key("controlplane.cluster.x-k8s.io/remediation-in-progress");
+        if replaced && cleared {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not finished in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sandbox.management.pending_write_faults(machines_resource),
+        0,
+        "the injected faults were not all hit"
+    );
+    assert_eq!(sandbox.management.pending_write_faults(kcps_resource), 0);
+    for reason in [
+        "RemediationStarted",
+        "MachineDeleting",
+        "EtcdMemberRemoved",
+        "ReplacementCreated",
+        "RemediationCompleted",
+    ] {
+        assert_eq!(event_count(&sandbox, reason).await, 1, "{reason}");
+    }
+    controller.stop().await;
 }
