@@ -10,6 +10,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
 use super::etcd_pool::EtcdPool;
+use super::leader::LeaderGuard;
 use super::metrics::Metrics;
 use crate::pki::KubeconfigPolicy;
 use crate::workload::WorkloadCache;
@@ -54,10 +55,25 @@ pub struct Context {
     /// (`<namespace>/<kind>/<name>@<cluster uid>`), so it is checked once per
     /// process, not read on every reconcile.
     pub template_owners: Mutex<std::collections::HashSet<String>>,
+    /// Whether this process may act now (leader election); always leading
+    /// when election is disabled. A reconcile that starts without it returns
+    /// without writing.
+    pub leader: LeaderGuard,
 }
 
 impl Context {
     pub fn new(client: Client, metrics: Metrics, etcd: EtcdPool, settings: Settings) -> Arc<Self> {
+        Self::new_with_leader(client, metrics, etcd, settings, LeaderGuard::always())
+    }
+
+    /// Like [`Context::new`], for a replica that acts only while `leader` leads.
+    pub fn new_with_leader(
+        client: Client,
+        metrics: Metrics,
+        etcd: EtcdPool,
+        settings: Settings,
+        leader: LeaderGuard,
+    ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "k3s-control-plane".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -71,6 +87,7 @@ impl Context {
             settings,
             failures: Mutex::new(HashMap::new()),
             template_owners: Mutex::new(Default::default()),
+            leader,
         })
     }
 
