@@ -4,11 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
 
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::http::Probes;
+use crate::controller::leader::{self, Election, ElectionConfig};
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
 
@@ -24,11 +27,57 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// Elect one leader among the replicas with a coordination.k8s.io Lease;
+    /// only the leader reconciles. `--leader-elect=false` acts without a Lease
+    /// (one replica only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, default_value = "k3s-control-plane")]
+    pub leader_election_lease_name: String,
+    /// Namespace of the Lease (default: the Pod's, from $POD_NAMESPACE, else `default`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+    /// How long the Lease stays the holder's after its last renewal; another
+    /// replica takes over after that (whole seconds, e.g. 15s).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// How long after its last successful renewal the leader stops acting;
+    /// shorter than the lease duration (the difference covers clock skew).
+    /// Renewals come every half of it.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+}
+
+/// `15s`, `1500ms`, `2m` or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a duration such as 15s, 1500ms or 2m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: unit must be ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// A kube client from `--kubeconfig`, or the default chain.
 pub async fn management_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
+    let config = management_config(kubeconfig).await?;
+    kube::Client::try_from(config).map_err(|e| format!("management cluster client: {e}"))
+}
+
+/// The management cluster's configuration from `--kubeconfig`, or the default chain.
+pub async fn management_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Config, String> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
@@ -39,8 +88,7 @@ pub async fn management_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Cli
         None => kube::Config::infer()
             .await
             .map_err(|e| format!("no management cluster configuration: {e}"))?,
-    };
-    kube::Client::try_from(config).map_err(|e| format!("management cluster client: {e}"))
+    })
 }
 
 pub fn init_logging(json: bool) {
@@ -54,12 +102,52 @@ pub fn init_logging(json: bool) {
     };
 }
 
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends a Pod it stops).
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
 pub async fn run(args: RunArgs) -> ExitCode {
     init_logging(args.log_json);
-    let client = match management_client(args.kubeconfig.as_ref()).await {
+    let election = if args.leader_elect {
+        match ElectionConfig::new(
+            args.leader_election_lease_name.clone(),
+            args.leader_election_namespace.clone(),
+            leader::default_identity(),
+            args.leader_election_lease_duration,
+            args.leader_election_renew_deadline,
+        ) {
+            Ok(config) => Some(config),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let config = match management_config(args.kubeconfig.as_ref()).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = match kube::Client::try_from(config.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: management cluster client: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -75,6 +163,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     }
     // Ready once the management API answers for our kind (CRD installed, RBAC
     // in place); until then /readyz says why not and the loop retries.
+    // Leadership does not enter readiness: a standby is Ready.
     let kcps: kube::Api<crate::api::KThreesControlPlane> = kube::Api::all(client.clone());
     let ready_probes = probes.clone();
     tokio::spawn(async move {
@@ -91,10 +180,105 @@ pub async fn run(args: RunArgs) -> ExitCode {
             }
         }
     });
-    let ctx = Context::new(client, metrics, EtcdPool::default(), Settings::default());
-    controller::run(ctx, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await;
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        terminated().await;
+        tracing::info!("terminating: stopping the controller");
+        on_signal.cancel();
+    });
+    match election {
+        None => {
+            probes.set_leadership("leader election disabled: this process acts");
+            metrics.leader.set(1);
+            let ctx = Context::new(client, metrics, EtcdPool::default(), Settings::default());
+            controller::run(ctx, shutdown.cancelled_owned()).await;
+        }
+        Some(election) => {
+            tracing::info!(
+                lease = %format!("{}/{}", election.namespace, election.lease_name),
+                identity = %election.identity,
+                lease_duration = ?election.lease_duration,
+                renew_deadline = ?election.renew_deadline,
+                "leader election"
+            );
+            let report_metrics = metrics.clone();
+            let report_probes = probes.clone();
+            let election = Election::start(client, election, move |state| {
+                report_metrics.leader.set(i64::from(state.leading));
+                report_probes.set_leadership(state.to_string());
+            });
+            // The controller's own client writes only while we lead.
+            let fenced = match leader::fenced_client(config, election.guard()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: management cluster client: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let ctx = Context::new_with_leader(
+                fenced,
+                metrics,
+                EtcdPool::default(),
+                Settings::default(),
+                election.guard(),
+            );
+            leader::run_elected(ctx, shutdown).await;
+            // Only now, with the controller stopped, hand the Lease over.
+            election.stop().await;
+        }
+    }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())).map(|c| c.run)
+    }
+
+    #[test]
+    fn leader_election_is_on_by_default_and_can_be_turned_off() {
+        let args = parse(&[]).unwrap();
+        assert!(args.leader_elect);
+        assert_eq!(args.leader_election_lease_name, "k3s-control-plane");
+        assert_eq!(args.leader_election_lease_duration, Duration::from_secs(15));
+        assert_eq!(args.leader_election_renew_deadline, Duration::from_secs(10));
+        assert!(parse(&["--leader-elect"]).unwrap().leader_elect);
+        assert!(!parse(&["--leader-elect=false"]).unwrap().leader_elect);
+        assert!(parse(&["--leader-elect=true"]).unwrap().leader_elect);
+        assert!(parse(&["--leader-elect=maybe"]).is_err());
+        let args = parse(&[
+            "--leader-election-lease-duration",
+            "3s",
+            "--leader-election-renew-deadline=2000ms",
+            "--leader-election-namespace",
+            "ops",
+        ])
+        .unwrap();
+        assert_eq!(args.leader_election_lease_duration, Duration::from_secs(3));
+        assert_eq!(args.leader_election_renew_deadline, Duration::from_secs(2));
+        assert_eq!(args.leader_election_namespace, "ops");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("15h").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
 }

@@ -10,6 +10,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
 use super::etcd_pool::EtcdPool;
+use super::leader::LeaderGuard;
 use super::metrics::Metrics;
 use crate::pki::KubeconfigPolicy;
 use crate::workload::WorkloadCache;
@@ -61,10 +62,25 @@ pub struct Context {
     /// When each etcd member (by cluster, then member id) was first seen.
     pub members_seen:
         Mutex<HashMap<String, std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>>>,
+    /// Whether this process may act now (leader election); always leading
+    /// when election is disabled. A reconcile that starts without it returns
+    /// without writing.
+    pub leader: LeaderGuard,
 }
 
 impl Context {
     pub fn new(client: Client, metrics: Metrics, etcd: EtcdPool, settings: Settings) -> Arc<Self> {
+        Self::new_with_leader(client, metrics, etcd, settings, LeaderGuard::always())
+    }
+
+    /// Like [`Context::new`], for a replica that acts only while `leader` leads.
+    pub fn new_with_leader(
+        client: Client,
+        metrics: Metrics,
+        etcd: EtcdPool,
+        settings: Settings,
+        leader: LeaderGuard,
+    ) -> Arc<Self> {
         let reporter = Reporter {
             controller: "k3s-control-plane".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -79,6 +95,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             template_owners: Mutex::new(Default::default()),
             members_seen: Mutex::new(HashMap::new()),
+            leader,
         })
     }
 

@@ -1,8 +1,8 @@
 //! `/healthz`, `/readyz` and `/metrics` for the controller.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -11,12 +11,17 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-/// What the probe endpoints need: the registry, and whether the controller is
-/// ready (the management API answered for our kind).
+/// What the probe endpoints need: the registry, whether the controller is
+/// ready (the management API answered for our kind), and a line on leadership.
+///
+/// Readiness does not depend on leadership: a standby replica is Ready (it
+/// would act the moment it takes the Lease), so a rolling update, which waits
+/// for the new Pod to be Ready before stopping the old leader, proceeds.
 #[derive(Clone)]
 pub struct Probes {
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    leadership: Arc<Mutex<String>>,
 }
 
 impl Probes {
@@ -24,7 +29,13 @@ impl Probes {
         Probes {
             registry,
             ready: Arc::new(AtomicBool::new(false)),
+            leadership: Arc::new(Mutex::new(String::new())),
         }
+    }
+
+    /// The line `/readyz` adds about leadership (who leads, or why not us).
+    pub fn set_leadership(&self, line: impl Into<String>) {
+        *self.leadership.lock().unwrap_or_else(|p| p.into_inner()) = line.into();
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -54,14 +65,24 @@ impl Probes {
 }
 
 async fn readyz(State(probes): State<Probes>) -> impl IntoResponse {
-    if probes.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ok")
+    let (code, mut body) = if probes.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ok".to_string())
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "the management API has not yet answered for KThreesControlPlanes",
+            "the management API has not yet answered for KThreesControlPlanes".to_string(),
         )
+    };
+    let leadership = probes
+        .leadership
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if !leadership.is_empty() {
+        body.push('\n');
+        body.push_str(&leadership);
     }
+    (code, body)
 }
 
 async fn metrics(State(probes): State<Probes>) -> impl IntoResponse {
@@ -111,6 +132,14 @@ mod tests {
         assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
         probes.set_ready(true);
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        // A standby is ready too; the body says who leads.
+        probes.set_leadership("standby: b waits; Lease ns/l held by a");
+        let standby = get(addr, "/readyz").await;
+        assert!(standby.starts_with("HTTP/1.1 200"), "{standby}");
+        assert!(
+            standby.ends_with("ok\nstandby: b waits; Lease ns/l held by a"),
+            "{standby}"
+        );
         let metrics = get(addr, "/metrics").await;
         assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
         assert!(metrics.contains("k3scp_reconciles_total 1"), "{metrics}");

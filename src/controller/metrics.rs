@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -36,6 +37,9 @@ pub struct Metrics {
     pub remediations: Family<RemediationLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
     pub reconcile_seconds: Histogram,
+    /// 1 while this process leads (holds a valid Lease, or election is
+    /// disabled) and may act, else 0.
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -49,6 +53,7 @@ impl Metrics {
                 Histogram::new(exponential_buckets(0.001, 2.0, 16))
             }),
             reconcile_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            leader: Gauge::default(),
         };
         let sub = registry.sub_registry_with_prefix("k3scp");
         sub.register(
@@ -75,6 +80,11 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Duration of one reconcile",
             metrics.reconcile_seconds.clone(),
+        );
+        sub.register(
+            "leader",
+            "1 while this process leads and may act (leader election), else 0",
+            metrics.leader.clone(),
         );
         metrics
     }
@@ -116,9 +126,11 @@ mod tests {
         metrics.error("observe");
         metrics.remediation("refused");
         metrics.etcd_operation("move_leader", Duration::from_millis(120));
+        metrics.leader.set(1);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("k3scp_reconciles_total 1"), "{text}");
+        assert!(text.contains("k3scp_leader 1"), "{text}");
         assert!(
             text.contains("k3scp_reconcile_errors_total{stage=\"observe\"} 1"),
             "{text}"

@@ -11,6 +11,7 @@ pub mod create;
 pub mod error;
 pub mod etcd_pool;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
@@ -22,6 +23,7 @@ pub mod world;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -30,8 +32,8 @@ use crate::api::{Cluster, KThreesControlPlane, Machine};
 pub use context::{Context, Settings};
 pub use error::Error;
 
-/// Run the controller until `shutdown` resolves. `ready` is called once the
-/// watches are running.
+/// Run the controller until `shutdown` resolves (in-flight reconciles finish
+/// first). Each reconcile consults `ctx.leader` (see [`guarded_reconcile`]).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -53,11 +55,36 @@ pub async fn run(
                 .map(|r| ObjectRef::new(&r.name).within(&cluster.namespace().unwrap_or_default()))
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .run(guarded_reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(%err, "controller event");
             }
         })
         .await;
+}
+
+/// A reconcile that acts only under a valid lease: one that starts without it
+/// returns at once without reading or writing anything, and one that is running
+/// when the lease runs out is dropped at its next await point, so no step
+/// starts after the renew deadline. Without leader election the guard always
+/// leads and this is [`reconcile::reconcile`].
+pub async fn guarded_reconcile(
+    kcp: Arc<KThreesControlPlane>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
+    let leader = ctx.leader.clone();
+    if !leader.is_leading() {
+        tracing::debug!(kcp = %kcp.name_any(), "not leading: reconcile skipped");
+        return Ok(Requeue::await_change());
+    }
+    let name = kcp.name_any();
+    tokio::select! {
+        biased;
+        _ = leader.lost() => {
+            tracing::warn!(kcp = %name, "lease lost during the reconcile: cancelled before its next step");
+            Ok(Requeue::await_change())
+        }
+        result = reconcile::reconcile(kcp, ctx) => result,
+    }
 }
