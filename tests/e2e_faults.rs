@@ -88,6 +88,7 @@ async fn etcd_ca_rotated_mid_life_rebuilds_connections_and_never_reuses_old_ones
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
 
     set_etcd_ca(&sandbox, &real_cert, &real_key).await;
+    let restored = std::time::Instant::now();
     sandbox
         .wait_for("etcd healthy again on the real CA", LIMIT, || async {
             reconcile(kcp(&sandbox).await, ctx.clone())
@@ -106,6 +107,10 @@ async fn etcd_ca_rotated_mid_life_rebuilds_connections_and_never_reuses_old_ones
         ctx.etcd.handles_built(),
         3,
         "the restored CA reused a handle"
+    );
+    eprintln!(
+        "fault matrix: CA rotated: healthy again {:?} after the real CA was restored",
+        restored.elapsed()
     );
     assert_eq!(
         ctx.etcd.len(),
@@ -135,6 +140,7 @@ async fn ghost_member_after_a_failed_join_is_counted_unhealthy_then_cleaned_up()
     let controller = sandbox.start_controller();
 
     let ghost_label = format!("{ghost:016x}");
+    let started = std::time::Instant::now();
     sandbox
         .wait_for(
             "the ghost counted unhealthy and awaiting its grace period",
@@ -188,6 +194,10 @@ async fn ghost_member_after_a_failed_join_is_counted_unhealthy_then_cleaned_up()
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    eprintln!(
+        "fault matrix: ghost member: removed and the blocked remediation done in {:?}",
+        started.elapsed()
+    );
     assert_eq!(event_count(&sandbox, "EtcdOrphanMemberRemoved").await, 1);
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
     assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
@@ -251,6 +261,7 @@ async fn a_remediation_survives_a_controller_crash_after_every_step() {
     let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
     let target = sandbox.machines[sandbox.etcd.index_of(leader).unwrap()].clone();
     sandbox.mark_unhealthy(&target).await.unwrap();
+    let started = std::time::Instant::now();
     let steps =
         step_with_a_new_controller_each_time(&mut sandbox, "remediation", &mut |_, _| {}, &|all| {
             all.len() == 3
@@ -293,6 +304,10 @@ async fn a_remediation_survives_a_controller_crash_after_every_step() {
             "{reason} after {steps} restarts"
         );
     }
+    eprintln!(
+        "fault matrix: remediation, restart after every step: {steps} restarts, done in {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,6 +323,7 @@ async fn a_scale_down_survives_a_controller_crash_after_every_step() {
         )
         .await
         .unwrap();
+    let started = std::time::Instant::now();
     let steps =
         step_with_a_new_controller_each_time(&mut sandbox, "scale-down", &mut |_, _| {}, &|all| {
             all.len() == 1 && all.iter().all(|m| !m.is_deleting())
@@ -327,6 +343,10 @@ async fn a_scale_down_survives_a_controller_crash_after_every_step() {
             "{reason} after {steps} restarts"
         );
     }
+    eprintln!(
+        "fault matrix: scale-down 3 -> 1, restart after every step: {steps} restarts, done in {:?}",
+        started.elapsed()
+    );
 }
 
 /// 2 of 3 members dead: a remediation is refused within seconds, saying that
@@ -364,7 +384,7 @@ async fn two_of_three_members_dead_is_refused_within_seconds_saying_quorum_is_lo
     assert!(machines(&sandbox).await.iter().all(|m| !m.is_deleting()));
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
     controller.stop().await;
-    eprintln!("two of three dead: refused in {took:?}");
+    eprintln!("fault matrix: 2 of 3 members dead: refused in {took:?}");
 }
 
 /// The leader is killed, or paused (SIGSTOP), exactly when the controller is
@@ -381,6 +401,8 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
     let target = sandbox.machines[leader_index].clone();
     sandbox.mark_unhealthy(&target).await.unwrap();
     let mut struck = false;
+    let started = std::time::Instant::now();
+    let started = std::time::Instant::now();
     step_with_a_new_controller_each_time(
         &mut sandbox,
         if pause {
@@ -430,6 +452,11 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
         snap.member(leader).is_none(),
         "the old leader's member is still listed"
     );
+    eprintln!(
+        "fault matrix: leader {} during the leadership move: replaced in {:?}",
+        if pause { "paused" } else { "killed" },
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,6 +498,8 @@ async fn conflicts_and_expired_watches_in_the_middle_of_a_remediation_lose_nothi
         .fail_next_writes(machines_resource, 409, 3);
     sandbox.management.fail_next_writes(kcps_resource, 409, 2);
     sandbox.management.expire_watches();
+    let started = std::time::Instant::now();
+    let started = std::time::Instant::now();
 
     let deadline = tokio::time::Instant::now() + LIMIT * 2;
     loop {
@@ -497,6 +526,10 @@ async fn conflicts_and_expired_watches_in_the_middle_of_a_remediation_lose_nothi
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    eprintln!(
+        "fault matrix: 409s and 410s mid-remediation: finished {:?} after injection",
+        started.elapsed()
+    );
     assert_eq!(
         sandbox.management.pending_write_faults(machines_resource),
         0,
