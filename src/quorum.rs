@@ -129,6 +129,16 @@ impl Assessment {
     pub fn is_safe(&self) -> bool {
         self.blockers.is_empty()
     }
+
+    /// Whether enough voters are healthy for quorum: for the cluster as it
+    /// stands, whether etcd can commit anything at all; for a removal,
+    /// whether it would still be able to.
+    pub fn has_quorum(&self) -> bool {
+        !self
+            .blockers
+            .iter()
+            .any(|b| matches!(b, Blocker::QuorumLost { .. }))
+    }
 }
 
 /// Quorum size for `voters` voting members.
@@ -479,6 +489,24 @@ mod tests {
                 reason: "alarm NOSPACE".into()
             }]
         );
+    }
+
+    #[test]
+    fn quorum_lost_in_the_cluster_as_it_stands() {
+        let got = assess_cluster(&cluster(3, &[2, 3]));
+        assert!(!got.has_quorum());
+        assert_eq!((got.voters, got.healthy, got.size), (3, 1, 2));
+        assert!(
+            got.to_string()
+                .starts_with("1 of 3 voters healthy, quorum needs 2; unhealthy: m2-00000002"),
+            "{got}"
+        );
+        assert!(assess_cluster(&cluster(3, &[3])).has_quorum());
+        // A learner blocks removals but does not cost quorum.
+        let mut members = cluster(3, &[]);
+        members[2].learner = true;
+        let got = assess_cluster(&members);
+        assert!(!got.is_safe() && got.has_quorum(), "{got}");
     }
 
     #[test]

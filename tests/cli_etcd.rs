@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::Output;
+use std::time::{Duration, Instant};
 
 use k3s_control_plane::harness::EtcdTestCluster;
 use serde_json::Value;
@@ -12,6 +13,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
 async fn run(args: &[&str]) -> Output {
     tokio::process::Command::new(BIN)
         .args(args)
+        .kill_on_drop(true)
         .output()
         .await
         .expect("run the binary")
@@ -323,4 +325,93 @@ async fn unknown_member_exits_1_and_lists_the_members() {
     );
     assert!(stderr.contains(&c.member(0).name), "{stderr}");
     assert!(Path::new(BIN).exists());
+}
+
+/// `etcd ...` bounded by a deadline: the command must answer within `limit`.
+async fn etcd_within(limit: Duration, args: &[&str], extra: &[String]) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = tokio::time::timeout(limit, etcd(args, extra))
+        .await
+        .unwrap_or_else(|_| panic!("etcd {args:?} did not finish within {limit:?}"));
+    (out, started.elapsed())
+}
+
+#[tokio::test]
+async fn lost_quorum_is_reported_as_such_with_exit_2_within_seconds() {
+    let mut c = cluster(3).await;
+    let snap = c.connect().snapshot().await.unwrap();
+    let leader = c.index_of(snap.leader.unwrap()).unwrap();
+    let survivor = (leader + 1) % 3;
+    let down = (leader + 2) % 3;
+    c.stop(down).await.unwrap();
+    c.stop(leader).await.unwrap();
+    let limit = Duration::from_secs(10);
+    let lost = "quorum lost: 0 of 3 voters healthy, quorum needs 2";
+
+    let (out, took) = etcd_within(limit, &["status"], &conn(&c)).await;
+    eprintln!("status without quorum took {took:?}");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("\n{lost}; unhealthy: ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cannot serve a linearizable read"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("leader none"), "{stdout}");
+    assert!(stderr.starts_with(&format!("error: {lost}")), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let (out, _) = etcd_within(limit, &["status", "--output", "json"], &conn(&c)).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(json["quorum"]["lost"], true, "{json}");
+    assert_eq!(json["quorum"]["healthy"], 0);
+    assert_eq!(json["quorum"]["voters"], 3);
+    assert_eq!(json["leader"], Value::Null);
+    let members = json["members"].as_array().unwrap();
+    let alive = members
+        .iter()
+        .find(|m| m["name"] == c.member(survivor).name.as_str())
+        .unwrap();
+    assert_eq!(alive["healthy"], false, "{alive}");
+    assert!(alive["raftTerm"].is_u64(), "it answered Status: {alive}");
+
+    // Removing the survivor or a dead member alike: quorum lost, not "cannot
+    // read etcd alarms".
+    for target in [c.member(down).name.clone(), c.member(survivor).name.clone()] {
+        let (out, took) = etcd_within(limit, &["remove-member", &target], &conn(&c)).await;
+        eprintln!("remove-member without quorum took {took:?}");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: {lost}; unhealthy: ")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("alarms"), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let (out, _) = etcd_within(
+        limit,
+        &["remove-member", &c.member(down).name, "--output", "json"],
+        &conn(&c),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(json["refused"], true, "{json}");
+    assert_eq!(json["quorumLost"], true, "{json}");
+    assert_eq!(json["assessment"]["healthy"], 0, "{json}");
+
+    let (out, _) = etcd_within(
+        limit,
+        &["move-leader", "--from", &c.member(survivor).name],
+        &conn(&c),
+    )
+    .await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {lost}")), "{stderr}");
 }

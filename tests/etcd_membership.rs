@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use k3s_control_plane::etcd::{EtcdCluster, EtcdError, LeaderMove, Removal, Timeouts, Transport};
+use k3s_control_plane::etcd::{
+    EtcdCluster, EtcdError, LeaderMove, MembershipSnapshot, Removal, Timeouts, Transport,
+};
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::quorum::Blocker;
 
@@ -376,4 +378,230 @@ async fn learners_promoted_elsewhere_receive_the_next_member_add_once_the_first_
     for voter in [1, 2] {
         assert!(!snap.member(c.member(voter).id).unwrap().learner);
     }
+
+/// Poll `etcd`'s snapshot until `done` accepts one; panic with the last
+/// reason once `limit` has passed. Returns the snapshot and when it was taken.
+async fn poll_snapshot(
+    etcd: &EtcdCluster,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&MembershipSnapshot) -> Result<(), String>,
+) -> MembershipSnapshot {
+    let deadline = Instant::now() + limit;
+    loop {
+        let last = match etcd.snapshot().await {
+            Ok(snap) => match done(&snap) {
+                Ok(()) => return snap,
+                Err(why) => why,
+            },
+            Err(err) => err.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {limit:?}; last: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn partitionable_cluster(n: usize) -> EtcdTestCluster {
+    init();
+    EtcdTestCluster::builder()
+        .members(n)
+        .partitionable()
+        .start()
+        .await
+        .expect("start a partitionable etcd cluster")
+}
+
+fn healthy(snap: &MembershipSnapshot, id: u64) -> bool {
+    snap.member(id).is_some_and(|m| m.is_healthy())
+}
+
+#[tokio::test]
+async fn a_partitioned_follower_is_unhealthy_until_healed() {
+    let c = partitionable_cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    // Member 0 is the first seed: the snapshot must not trust its list either.
+    let follower = if leader == 0 { 1 } else { 0 };
+    let id = c.member(follower).id;
+
+    let cut = Instant::now();
+    c.isolate(follower).unwrap();
+    let snap = poll_snapshot(
+        &etcd,
+        "partitioned follower unhealthy",
+        Duration::from_secs(10),
+        |s| {
+            if healthy(s, id) {
+                Err("still counted healthy".into())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "partitioned follower counted unhealthy after {:?}",
+        cut.elapsed()
+    );
+    let m = snap.member(id).unwrap();
+    assert!(m.status.is_some(), "it is alive and answers Status: {m:?}");
+    let reason = m.unhealthy_reason().unwrap();
+    assert!(
+        reason.contains("cannot serve a linearizable read"),
+        "{reason}"
+    );
+    assert_eq!(snap.leader, Some(c.member(leader).id), "the leader stays");
+    let q = snap.assess_cluster();
+    assert_eq!((q.voters, q.healthy, q.size), (3, 2, 2));
+    assert!(q.has_quorum());
+    assert_ne!(
+        snap.listed_by,
+        c.member(follower).client_url(),
+        "listed by a healthy member"
+    );
+    // Removing a healthy member now would lose quorum: refused.
+    let other = (0..3).find(|i| *i != leader && *i != follower).unwrap();
+    let err = etcd.safe_remove(c.member(other).id).await.unwrap_err();
+    assert!(matches!(err, EtcdError::UnsafeRemoval { .. }), "{err}");
+
+    let healed = Instant::now();
+    c.heal(follower).unwrap();
+    poll_snapshot(
+        &etcd,
+        "healed follower healthy",
+        Duration::from_secs(15),
+        |s| {
+            if s.members.iter().all(|m| m.is_healthy()) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", s.member(id).unwrap().unhealthy_reason()))
+            }
+        },
+    )
+    .await;
+    eprintln!("healed follower healthy again after {:?}", healed.elapsed());
+}
+
+#[tokio::test]
+async fn a_partitioned_leader_is_replaced_and_counted_unhealthy() {
+    let c = partitionable_cluster(3).await;
+    let etcd = c.connect();
+    let old = leader_index(&c, &etcd).await;
+    let old_id = c.member(old).id;
+
+    let cut = Instant::now();
+    c.isolate(old).unwrap();
+    let snap = poll_snapshot(
+        &etcd,
+        "a new leader, the old one unhealthy",
+        Duration::from_secs(20),
+        |s| match s.leader {
+            Some(id) if id != old_id && !healthy(s, old_id) && s.assess_cluster().healthy == 2 => {
+                Ok(())
+            }
+            leader => Err(format!(
+                "leader {leader:?}, old leader {:?}",
+                s.member(old_id).and_then(|m| m.unhealthy_reason())
+            )),
+        },
+    )
+    .await;
+    eprintln!(
+        "partitioned leader replaced and counted unhealthy after {:?}",
+        cut.elapsed()
+    );
+    let m = snap.member(old_id).unwrap();
+    let status = m
+        .status
+        .as_ref()
+        .expect("the old leader is alive and answers Status");
+    let new_term = snap
+        .leader_member()
+        .unwrap()
+        .status
+        .as_ref()
+        .unwrap()
+        .raft_term;
+    assert!(
+        status.raft_term < new_term || status.leader != snap.leader.unwrap(),
+        "{status:?}"
+    );
+    assert!(snap.assess_cluster().has_quorum());
+
+    c.heal(old).unwrap();
+    poll_snapshot(
+        &etcd,
+        "old leader healthy again",
+        Duration::from_secs(20),
+        |s| {
+            if s.members.iter().all(|m| m.is_healthy()) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?}",
+                    s.member(old_id).unwrap().unhealthy_reason()
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn with_two_of_three_down_quorum_is_lost_and_said_fast() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    // The leader goes too: the survivor must not be trusted for believing it
+    // still follows someone.
+    let survivor = (leader + 1) % 3;
+    let down = (leader + 2) % 3;
+    c.stop(down).await.unwrap();
+    c.stop(leader).await.unwrap();
+
+    let started = Instant::now();
+    let snap = tokio::time::timeout(Duration::from_secs(10), etcd.snapshot())
+        .await
+        .expect("snapshot within 10 s")
+        .unwrap();
+    eprintln!("snapshot without quorum took {:?}", started.elapsed());
+    let alive = snap.member(c.member(survivor).id).unwrap();
+    assert!(alive.status.is_some(), "the survivor answers Status");
+    assert!(!alive.is_healthy(), "but has no quorum: {alive:?}");
+    assert_eq!(snap.leader, None, "no healthy voter follows a leader");
+    let q = snap.assess_cluster();
+    assert_eq!(
+        (q.voters, q.healthy, q.size),
+        (3, 0, 2),
+        "the survivor does not count"
+    );
+    assert!(!q.has_quorum());
+
+    // Removal and leadership moves say quorum is lost, not that alarms are unknown.
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), etcd.safe_remove(c.member(down).id))
+        .await
+        .expect("refused within 10 s")
+        .unwrap_err();
+    eprintln!(
+        "safe_remove without quorum refused after {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, EtcdError::QuorumLost { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("quorum lost: 0 of 3 voters healthy, quorum needs 2; unhealthy: "),
+        "{err}"
+    );
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        etcd.move_leader_off(c.member(survivor).id, None),
+    )
+    .await
+    .expect("refused within 10 s")
+    .unwrap_err();
+    assert!(matches!(err, EtcdError::QuorumLost { .. }), "{err}");
 }

@@ -1,8 +1,9 @@
 //! `k3s-control-plane etcd status | move-leader | remove-member`: inspect and
 //! operate on a k3s embedded etcd directly, over verified mutual TLS.
 //!
-//! Exit codes: 0 done, 1 bad input or etcd error, 2 refused as unsafe (the
-//! quorum assessment explains why).
+//! Exit codes: 0 done, 1 bad input or etcd error, 2 refused as unsafe or
+//! quorum lost (the quorum assessment explains why; `status` prints what it
+//! read, then exits 2 if quorum is lost).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -100,7 +101,11 @@ enum CliError {
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            CliError::Etcd(EtcdError::UnsafeRemoval { .. } | EtcdError::AlarmsUnknown { .. }) => 2,
+            CliError::Etcd(
+                EtcdError::UnsafeRemoval { .. }
+                | EtcdError::QuorumLost { .. }
+                | EtcdError::AlarmsUnknown { .. },
+            ) => 2,
             _ => 1,
         }
     }
@@ -115,16 +120,29 @@ impl From<EtcdError> for CliError {
 pub async fn run(args: EtcdArgs) -> ExitCode {
     crate::install_crypto_provider();
     let output = args.output;
+    let err_is_status = matches!(args.command, EtcdCommand::Status);
     match execute(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            if let (Output::Json, CliError::Etcd(EtcdError::UnsafeRemoval { assessment })) =
-                (output, &err)
-            {
-                print_json(&Refusal {
-                    refused: true,
-                    assessment: assessment.as_ref(),
-                });
+            match (output, &err) {
+                (Output::Json, CliError::Etcd(EtcdError::UnsafeRemoval { assessment })) => {
+                    print_json(&Refusal {
+                        refused: true,
+                        quorum_lost: false,
+                        assessment: assessment.as_ref(),
+                    })
+                }
+                // `status` has printed its JSON already.
+                (Output::Json, CliError::Etcd(EtcdError::QuorumLost { assessment }))
+                    if !err_is_status =>
+                {
+                    print_json(&Refusal {
+                        refused: true,
+                        quorum_lost: true,
+                        assessment: assessment.as_ref(),
+                    })
+                }
+                _ => {}
             }
             eprintln!("error: {}", one_line(&err.to_string()));
             ExitCode::from(err.exit_code())
@@ -208,6 +226,13 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
                 Output::Json => print_json(&StatusJson::from(&snap)),
                 Output::Text => print_status(&snap),
             }
+            let cluster = snap.assess_cluster();
+            if !cluster.has_quorum() {
+                return Err(EtcdError::QuorumLost {
+                    assessment: Box::new(cluster),
+                }
+                .into());
+            }
         }
         EtcdCommand::MoveLeader { from, to } => {
             let snap = etcd.snapshot().await?;
@@ -216,7 +241,7 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
                 .as_deref()
                 .map(|to| resolve(&snap, "--to", to))
                 .transpose()?;
-            let moved = etcd.move_leader_off(from, to).await?;
+            let moved = etcd.move_leader_off_in(&snap, from, to).await?;
             match args.output {
                 Output::Json => print_json(&moved),
                 Output::Text => println!("{}", describe_move(&moved)),
@@ -225,7 +250,9 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
         EtcdCommand::RemoveMember { member } => {
             let snap = etcd.snapshot().await?;
             let id = resolve(&snap, "NAME|ID", member)?;
-            let outcome = etcd.safe_remove(id).await?;
+            // Decides on the snapshot just taken: without quorum this answers
+            // at once instead of observing the cluster a second time.
+            let outcome = etcd.safe_remove_in(&snap, id).await?;
             match args.output {
                 Output::Json => print_json(&outcome),
                 Output::Text => print_removal(&outcome),
@@ -258,8 +285,12 @@ fn print_json<T: Serialize>(value: &T) {
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Refusal<'a> {
     refused: bool,
+    /// The cluster as it stands has no quorum (`assessment` is then of the
+    /// cluster, not of the removal).
+    quorum_lost: bool,
     assessment: &'a Assessment,
 }
 
@@ -296,6 +327,8 @@ struct MemberJson {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct QuorumJson {
+    /// Fewer healthy voters than quorum needs: etcd can commit nothing.
+    lost: bool,
     voters: usize,
     healthy: usize,
     size: usize,
@@ -329,6 +362,7 @@ impl From<&MembershipSnapshot> for StatusJson {
                 })
                 .collect(),
             quorum: QuorumJson {
+                lost: !q.has_quorum(),
                 voters: q.voters,
                 healthy: q.healthy,
                 size: q.size,
@@ -403,7 +437,12 @@ fn print_status(snap: &MembershipSnapshot) {
     if let Some(reason) = &snap.alarms_error {
         println!("alarms: unknown ({reason})");
     }
-    println!("quorum: {}", snap.assess_cluster());
+    let cluster = snap.assess_cluster();
+    if cluster.has_quorum() {
+        println!("quorum: {cluster}");
+    } else {
+        println!("quorum lost: {cluster}");
+    }
 }
 
 fn describe_move(moved: &LeaderMove) -> String {

@@ -132,12 +132,45 @@ impl MemberClients {
         Ok(client)
     }
 
-    /// Run `call` against `endpoint` within `limit`, classifying failures.
+    /// Run `call` against `endpoint` within `limit`, classifying failures. A
+    /// timeout or an unreachable endpoint drops the cached connection.
     pub(crate) async fn call<T, F, Fut>(
         &self,
         endpoint: &EtcdEndpoint,
         op: &'static str,
         limit: Duration,
+        call: F,
+    ) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_with(endpoint, op, limit, true, call).await
+    }
+
+    /// [`Self::call`], but a timeout keeps the cached connection: for a request
+    /// whose slowness says nothing about the connection (a linearizable read
+    /// waits for the member's quorum, not for its endpoint).
+    pub(crate) async fn call_keeping_connection<T, F, Fut>(
+        &self,
+        endpoint: &EtcdEndpoint,
+        op: &'static str,
+        limit: Duration,
+        call: F,
+    ) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_with(endpoint, op, limit, false, call).await
+    }
+
+    async fn call_with<T, F, Fut>(
+        &self,
+        endpoint: &EtcdEndpoint,
+        op: &'static str,
+        limit: Duration,
+        forget_on_timeout: bool,
         call: F,
     ) -> Result<T, EtcdError>
     where
@@ -162,7 +195,9 @@ impl MemberClients {
                 Err(err)
             }
             Err(_) => {
-                self.forget(endpoint);
+                if forget_on_timeout {
+                    self.forget(endpoint);
+                }
                 Err(EtcdError::Timeout {
                     endpoint: endpoint.dial.clone(),
                     op,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use etcd_client::{AlarmAction, AlarmType};
+use etcd_client::{AlarmAction, AlarmType, GetOptions};
 use futures::future::join_all;
 use tracing::instrument;
 
@@ -213,6 +213,83 @@ impl EtcdCluster {
         ))
     }
 
+    /// A linearizable read (`get health`, serializable = false, count only) on
+    /// one member's own endpoint, within `limit`. etcd serves it only after
+    /// confirming with its leader's quorum (ReadIndex) and applying up to that
+    /// point, so a member cut off from its peers, or a leader cut off from its
+    /// followers, cannot answer it. "Permission denied" comes after that
+    /// confirmation, so it counts as answered (as `etcdctl endpoint health`).
+    pub(crate) async fn linearizable_read(
+        &self,
+        member: &ListedMember,
+        limit: std::time::Duration,
+    ) -> Result<(), EtcdError> {
+        let endpoint = self.member_endpoint(member)?;
+        let result = self
+            .clients
+            .call_keeping_connection(&endpoint, "linearizable read", limit, |mut c| async move {
+                c.get(HEALTH_KEY, Some(GetOptions::new().with_count_only()))
+                    .await
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(EtcdError::Grpc { code, .. }) if code == "PermissionDenied" => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The health probe of one member: `Status` and, for a voter, a
+    /// linearizable read, concurrently on its own endpoint, both within `limit`.
+    pub(crate) async fn probe_health(
+        &self,
+        member: &ListedMember,
+        limit: std::time::Duration,
+    ) -> Result<Probe, EtcdError> {
+        let read = async {
+            if member.learner {
+                // etcd serves learners only Status and serializable reads.
+                None
+            } else {
+                Some(self.linearizable_read(member, limit).await)
+            }
+        };
+        let (status, read) = futures::join!(self.probe(member, limit), read);
+        let (cluster_id, status) = status?;
+        Ok(Probe {
+            cluster_id,
+            status,
+            read: read.map(|r| r.err().map(|e| e.to_string())),
+        })
+    }
+
+    /// Probe every member of `members` concurrently, reusing `known` results.
+    async fn probe_all(
+        &self,
+        members: &[ListedMember],
+        mut known: BTreeMap<u64, Result<Probe, String>>,
+        limit: std::time::Duration,
+    ) -> Vec<Result<Probe, String>> {
+        let fresh = join_all(
+            members
+                .iter()
+                .filter(|m| !known.contains_key(&m.id))
+                .map(|m| async move { (m.id, self.probe_health(m, limit).await) }),
+        )
+        .await;
+        for (id, probe) in fresh {
+            known.insert(id, probe.map_err(|e| e.to_string()));
+        }
+        members
+            .iter()
+            .map(|m| {
+                known
+                    .remove(&m.id)
+                    .unwrap_or_else(|| Err("not probed".to_string()))
+            })
+            .collect()
+    }
+
     async fn alarms(
         &self,
         endpoint: &EtcdEndpoint,
@@ -236,61 +313,117 @@ impl EtcdCluster {
         Ok(alarms)
     }
 
-    /// Observe the membership: list members, probe each on its own endpoint
-    /// (in parallel, each bounded by the probe timeout), read alarms, find the
-    /// leader, and check every member belongs to the same cluster.
+    /// Observe the membership and decide each member's health.
+    ///
+    /// Lists the members, then probes each on its own endpoint, all
+    /// concurrently and each bounded by the probe timeout: `Status` (is it
+    /// alive, which term, which leader does it follow) and, for a voter, a
+    /// linearizable read (can it reach a quorum *now*). A voter is healthy only
+    /// if both answered and it reports no errors and has no alarm: a member
+    /// that is alive but partitioned from its peers answers `Status` from its
+    /// own stale state but cannot serve the read. A learner (which etcd does
+    /// not let serve linearizable reads) is healthy if it answers `Status` and
+    /// follows the leader the healthy voters follow. The leader is the one the
+    /// healthy voters follow (at the highest term), so a deposed leader that
+    /// still believes it leads is never named.
+    ///
+    /// The member list is taken again from a healthy voter if the member that
+    /// answered it first is not one (its list may be stale). Alarms go through
+    /// raft: they are read from the lister concurrently with the probes, and
+    /// on failure from the healthy voters; with no healthy voter they are not
+    /// asked for at all (and the quorum verdict says why).
     #[instrument(skip(self), level = "debug")]
     pub async fn snapshot(&self) -> Result<MembershipSnapshot, EtcdError> {
-        let list = self.member_list(&[]).await?;
-        let probe_limit = self.timeouts().probe;
-        let probes = join_all(list.members.iter().map(|m| self.probe(m, probe_limit))).await;
-        // Alarms go through raft: ask members that just answered their probe
-        // (the one that listed first, then the others), each within the probe
-        // timeout, so a member being removed cannot hold the snapshot. Without
-        // quorum they cannot be read, and the snapshot still shows what it can.
-        let mut askers: Vec<EtcdEndpoint> = vec![list.listed_by.clone()];
-        for (listed, probe) in list.members.iter().zip(&probes) {
-            if probe.is_ok()
-                && let Ok(endpoint) = self.member_endpoint(listed)
-                && !askers.contains(&endpoint)
-            {
-                askers.push(endpoint);
-            }
-        }
-        let mut alarms = BTreeMap::new();
-        let mut alarms_error = None;
-        for endpoint in &askers {
-            match self.alarms(endpoint, probe_limit).await {
-                Ok(found) => {
-                    alarms = found;
-                    alarms_error = None;
-                    break;
-                }
-                Err(err) => alarms_error = Some(err.to_string()),
-            }
+        let mut list = self.member_list(&[]).await?;
+        let limit = self.timeouts().probe;
+        let (mut probes, first_alarms) = futures::join!(
+            self.probe_all(&list.members, BTreeMap::new(), limit),
+            self.alarms(&list.listed_by, limit)
+        );
+
+        // The lister's view is only trusted if it proved it reaches a quorum.
+        let proven = |list: &MemberList, probes: &[Result<Probe, String>]| -> Vec<EtcdEndpoint> {
+            list.members
+                .iter()
+                .zip(probes)
+                .filter(|(m, p)| !m.learner && p.as_ref().is_ok_and(Probe::served_read))
+                .filter_map(|(m, _)| self.member_endpoint(m).ok())
+                .collect()
+        };
+        let mut healthy_endpoints = proven(&list, &probes);
+        if !healthy_endpoints.contains(&list.listed_by)
+            && let Some(better) = healthy_endpoints.first()
+            && let Ok(relisted) = self.member_list_from(better, limit).await
+        {
+            self.learn_seeds(&relisted.members);
+            let known: BTreeMap<u64, Result<Probe, String>> =
+                list.members.iter().map(|m| m.id).zip(probes).collect();
+            probes = self.probe_all(&relisted.members, known, limit).await;
+            list = relisted;
+            healthy_endpoints = proven(&list, &probes);
         }
 
-        let mut members = Vec::with_capacity(list.members.len());
+        let mut alarms_error = None;
+        let alarms = match first_alarms {
+            Ok(found) => found,
+            Err(first_err) => {
+                let mut found = None;
+                let mut last = first_err.to_string();
+                for endpoint in healthy_endpoints.iter().filter(|e| **e != list.listed_by) {
+                    match self.alarms(endpoint, limit).await {
+                        Ok(alarms) => {
+                            found = Some(alarms);
+                            break;
+                        }
+                        Err(err) => last = err.to_string(),
+                    }
+                }
+                found.unwrap_or_else(|| {
+                    alarms_error = Some(if healthy_endpoints.is_empty() {
+                        format!("no voter can reach a quorum to read them: {last}")
+                    } else {
+                        last
+                    });
+                    BTreeMap::new()
+                })
+            }
+        };
+
+        // The leader: the one the healthy voters follow, at the highest term.
         let mut leader: Option<(u64, u64)> = None; // (term, id)
+        for (listed, probe) in list.members.iter().zip(&probes) {
+            if let Ok(probe) = probe {
+                if probe.cluster_id != list.cluster_id {
+                    return Err(EtcdError::ClusterIdMismatch {
+                        first_endpoint: list.listed_by.dial.clone(),
+                        first: list.cluster_id,
+                        member: listed.name.clone(),
+                        endpoint: listed.client_urls.first().cloned().unwrap_or_default(),
+                        other: probe.cluster_id,
+                    });
+                }
+                let status = &probe.status;
+                if !listed.learner
+                    && probe.served_read()
+                    && status.leader != 0
+                    && leader.is_none_or(|(term, _)| status.raft_term > term)
+                {
+                    leader = Some((status.raft_term, status.leader));
+                }
+            }
+        }
+        let leader = leader
+            .map(|(_, id)| id)
+            .filter(|id| list.members.iter().any(|m| m.id == *id));
+
+        let mut members = Vec::with_capacity(list.members.len());
         for (listed, probe) in list.members.iter().zip(probes) {
             let (status, probe_error) = match probe {
-                Ok((cluster_id, status)) => {
-                    if cluster_id != list.cluster_id {
-                        return Err(EtcdError::ClusterIdMismatch {
-                            first_endpoint: list.listed_by.dial.clone(),
-                            first: list.cluster_id,
-                            member: listed.name.clone(),
-                            endpoint: listed.client_urls.first().cloned().unwrap_or_default(),
-                            other: cluster_id,
-                        });
-                    }
-                    if status.leader != 0 && leader.is_none_or(|(term, _)| status.raft_term > term)
-                    {
-                        leader = Some((status.raft_term, status.leader));
-                    }
-                    (Some(status), None)
+                Ok(probe) => {
+                    let verdict = probe.verdict(listed.learner, leader);
+                    (Some(probe.status), verdict)
                 }
-                Err(err) => (None, Some(err.to_string())),
+                Err(err) => (None, Some(err)),
             };
             members.push(MemberSnapshot {
                 id: listed.id,
@@ -303,9 +436,6 @@ impl EtcdCluster {
                 alarms: alarms.get(&listed.id).cloned().unwrap_or_default(),
             });
         }
-        let leader = leader
-            .map(|(_, id)| id)
-            .filter(|id| members.iter().any(|m| m.id == *id));
         Ok(MembershipSnapshot {
             cluster_id: list.cluster_id,
             leader,
@@ -313,5 +443,100 @@ impl EtcdCluster {
             listed_by: list.listed_by.dial,
             alarms_error,
         })
+    }
+}
+
+/// The key of the health read (as `etcdctl endpoint health`); it need not exist.
+const HEALTH_KEY: &str = "health";
+
+/// What one member's own endpoint answered to the health probe.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    cluster_id: u64,
+    status: MemberStatus,
+    /// The linearizable read: `None` for a learner (not asked), `Some(None)`
+    /// when served, `Some(Some(why))` when not.
+    read: Option<Option<String>>,
+}
+
+impl Probe {
+    fn served_read(&self) -> bool {
+        matches!(self.read, Some(None))
+    }
+
+    /// Why the member is not healthy despite answering `Status` (errors it
+    /// reports and alarms are judged by the quorum view).
+    fn verdict(&self, learner: bool, leader: Option<u64>) -> Option<String> {
+        match &self.read {
+            Some(Some(why)) => Some(format!(
+                "answers status but cannot serve a linearizable read, so it is not connected to a quorum ({why})"
+            )),
+            Some(None) => None,
+            None if learner => match (self.status.leader, leader) {
+                (0, _) => Some("learner knows no leader".to_string()),
+                (_, None) => {
+                    Some("learner cannot be checked: no healthy voter names a leader".to_string())
+                }
+                (own, Some(leader)) if own != leader => Some(format!(
+                    "learner follows {own:016x}, not the leader {leader:016x}"
+                )),
+                _ => None,
+            },
+            None => Some("not probed".to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(leader: u64, read: Option<Option<&str>>) -> Probe {
+        Probe {
+            cluster_id: 7,
+            status: MemberStatus {
+                leader,
+                raft_term: 3,
+                raft_index: 10,
+                raft_applied_index: 10,
+                db_size: 0,
+                version: "3.4.23".into(),
+                errors: vec![],
+                is_learner: false,
+            },
+            read: read.map(|r| r.map(str::to_string)),
+        }
+    }
+
+    #[test]
+    fn a_voter_is_healthy_only_if_it_served_the_linearizable_read() {
+        assert_eq!(probe(1, Some(None)).verdict(false, Some(1)), None);
+        // Alive, believes in a leader, but cut off: not healthy.
+        let why = probe(1, Some(Some("range timed out after 2s")))
+            .verdict(false, Some(1))
+            .unwrap();
+        assert!(
+            why.starts_with("answers status but cannot serve a linearizable read")
+                && why.ends_with("(range timed out after 2s)"),
+            "{why}"
+        );
+        // Following another leader does not matter once the read was served.
+        assert_eq!(probe(2, Some(None)).verdict(false, Some(1)), None);
+    }
+
+    #[test]
+    fn a_learner_is_healthy_if_it_follows_the_voters_leader() {
+        assert_eq!(probe(1, None).verdict(true, Some(1)), None);
+        assert_eq!(
+            probe(0, None).verdict(true, Some(1)).unwrap(),
+            "learner knows no leader"
+        );
+        assert!(
+            probe(2, None)
+                .verdict(true, Some(1))
+                .unwrap()
+                .contains("not the leader 0000000000000001")
+        );
+        assert!(probe(1, None).verdict(true, None).is_some());
     }
 }

@@ -87,6 +87,12 @@ pub enum EtcdError {
         last: String,
     },
 
+    /// Fewer voters are healthy than quorum needs, so etcd cannot commit
+    /// anything (no removal, no leadership move, no alarm read). Takes
+    /// precedence over what could not be read because of it.
+    #[error("quorum lost: {assessment}")]
+    QuorumLost { assessment: Box<Assessment> },
+
     #[error("cannot read etcd alarms ({reason}); refusing to decide without them")]
     AlarmsUnknown { reason: String },
 

@@ -65,7 +65,8 @@ pub struct SafeRemoval {
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 impl EtcdCluster {
-    /// Move leadership off `target` (a member id). A no-op if it does not lead.
+    /// Move leadership off `target` (a member id). A no-op if it does not lead;
+    /// refused with [`EtcdError::QuorumLost`] if the cluster has no quorum.
     /// The transferee is `to` if given (must be a healthy voter), otherwise the
     /// most up-to-date healthy voter. The request goes to the leader's own
     /// endpoint and the new leader is confirmed by polling its status.
@@ -85,6 +86,7 @@ impl EtcdCluster {
         target: u64,
         to: Option<u64>,
     ) -> Result<LeaderMove, EtcdError> {
+        check_quorum(snap)?;
         let target_member = snap
             .member(target)
             .ok_or_else(|| EtcdError::MemberNotFound {
@@ -306,6 +308,20 @@ impl EtcdCluster {
     #[instrument(skip(self), fields(member = format!("{id:016x}")))]
     pub async fn safe_remove(&self, id: u64) -> Result<SafeRemoval, EtcdError> {
         let snap = self.snapshot().await?;
+        self.safe_remove_in(&snap, id).await
+    }
+
+    /// [`Self::safe_remove`] deciding on `snap` (just taken). The verdicts come
+    /// in this order, each taking precedence over the ones after it: quorum
+    /// lost in the cluster as it stands (nothing can be committed, whatever
+    /// else could not be read because of it), the target already gone, the
+    /// removal unsafe, alarms unknown.
+    pub(crate) async fn safe_remove_in(
+        &self,
+        snap: &MembershipSnapshot,
+        id: u64,
+    ) -> Result<SafeRemoval, EtcdError> {
+        check_quorum(snap)?;
         let assessment = snap.assess_removal(id);
         if snap.member(id).is_none() {
             return Ok(SafeRemoval {
@@ -316,18 +332,19 @@ impl EtcdCluster {
                 },
             });
         }
+        if !assessment.is_safe() {
+            // Unknown alarms could only make it less safe.
+            return Err(EtcdError::UnsafeRemoval {
+                assessment: Box::new(assessment),
+            });
+        }
         if let Some(reason) = &snap.alarms_error {
             return Err(EtcdError::AlarmsUnknown {
                 reason: reason.clone(),
             });
         }
-        if !assessment.is_safe() {
-            return Err(EtcdError::UnsafeRemoval {
-                assessment: Box::new(assessment),
-            });
-        }
         let leader_move = if snap.leader == Some(id) {
-            Some(self.move_leader_off_in(&snap, id, None).await?)
+            Some(self.move_leader_off_in(snap, id, None).await?)
         } else {
             None
         };
@@ -336,6 +353,18 @@ impl EtcdCluster {
             assessment,
             leader_move,
             removal,
+        })
+    }
+}
+
+/// Quorum lost in the cluster as it stands refuses any change, with the numbers.
+fn check_quorum(snap: &MembershipSnapshot) -> Result<(), EtcdError> {
+    let cluster = snap.assess_cluster();
+    if cluster.has_quorum() {
+        Ok(())
+    } else {
+        Err(EtcdError::QuorumLost {
+            assessment: Box::new(cluster),
         })
     }
 }

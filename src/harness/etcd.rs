@@ -35,6 +35,11 @@ const BLOCK_PREFIX: (u8, u8) = (127, 77);
 const HEARTBEAT_MS: u32 = 100;
 const ELECTION_MS: u32 = 1500;
 const POLL: Duration = Duration::from_millis(100);
+const CLIENT_PORT: u16 = 2379;
+/// The advertised peer port (the proxy's, when there is one).
+const PEER_PORT: u16 = 2380;
+/// Where a member listens for peers behind its proxy.
+const PEER_PORT_BEHIND_PROXY: u16 = 2381;
 
 static CLUSTER_SLOTS: Semaphore = Semaphore::const_new(MAX_CLUSTERS_PER_PROCESS);
 
@@ -65,6 +70,8 @@ pub enum HarnessError {
     },
     #[error("no member at index {0}")]
     NoMember(usize),
+    #[error("the cluster was not started partitionable (builder: .partitionable())")]
+    NotPartitionable,
     #[error(transparent)]
     Etcd(#[from] EtcdError),
 }
@@ -120,9 +127,11 @@ impl Block {
             };
             let block = Block { index, _lock: lock };
             let free = (0..MAX_MEMBERS).all(|m| {
-                [2379, 2380].iter().all(|port| {
-                    TcpListener::bind(SocketAddr::from((block.address(m), *port))).is_ok()
-                })
+                [CLIENT_PORT, PEER_PORT, PEER_PORT_BEHIND_PROXY]
+                    .iter()
+                    .all(|port| {
+                        TcpListener::bind(SocketAddr::from((block.address(m), *port))).is_ok()
+                    })
             });
             if free {
                 return Ok(block);
@@ -151,6 +160,8 @@ pub struct TestMember {
     /// False when the serving certificate deliberately lacks the member's IP:
     /// it cannot be probed on its address, so readiness only waits for it to join.
     pub ip_in_serving_cert: bool,
+    /// Listens for peers behind a proxy (see [`EtcdTestCluster::isolate`]).
+    behind_proxy: bool,
     dir: PathBuf,
     serving: PairFiles,
     peer: PairFiles,
@@ -161,11 +172,26 @@ pub struct TestMember {
 
 impl TestMember {
     pub fn client_url(&self) -> String {
-        format!("https://{}:2379", self.ip)
+        format!("https://{}:{CLIENT_PORT}", self.ip)
     }
 
+    /// The advertised peer URL (the proxy's when partitionable).
     pub fn peer_url(&self) -> String {
-        format!("https://{}:2380", self.ip)
+        format!("https://{}:{PEER_PORT}", self.ip)
+    }
+
+    /// Where the member listens for peers.
+    pub fn listen_peer_url(&self) -> String {
+        format!("https://{}", self.listen_peer_addr())
+    }
+
+    fn listen_peer_addr(&self) -> SocketAddr {
+        let port = if self.behind_proxy {
+            PEER_PORT_BEHIND_PROXY
+        } else {
+            PEER_PORT
+        };
+        SocketAddr::from((self.ip, port))
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -201,7 +227,7 @@ impl TestMember {
             .arg("--advertise-client-urls")
             .arg(self.client_url())
             .arg("--listen-peer-urls")
-            .arg(self.peer_url())
+            .arg(self.listen_peer_url())
             .arg("--initial-advertise-peer-urls")
             .arg(self.peer_url())
             .arg("--initial-cluster")
@@ -300,6 +326,7 @@ pub struct EtcdTestClusterBuilder {
     ready_timeout: Duration,
     /// The etcd server CA to sign with (cert, key PEM), instead of a new one.
     server_ca: Option<(String, String)>,
+    partitionable: bool,
 }
 
 impl EtcdTestClusterBuilder {
@@ -330,6 +357,14 @@ impl EtcdTestClusterBuilder {
         self
     }
 
+    /// Put every member's peer port behind a proxy, so that
+    /// [`EtcdTestCluster::isolate`] can partition a member from its peers
+    /// while its client port stays reachable.
+    pub fn partitionable(mut self) -> Self {
+        self.partitionable = true;
+        self
+    }
+
     pub fn ready_timeout(mut self, limit: Duration) -> Self {
         self.ready_timeout = limit;
         self
@@ -352,6 +387,7 @@ pub struct EtcdTestCluster {
     token: String,
     admin: EtcdCluster,
     ready_timeout: Duration,
+    proxies: Option<peer_proxy::PeerProxies>,
     // Dropped after the members are killed (field order): the block stays
     // locked, and the slot taken, until the addresses are free again.
     dir: tempfile::TempDir,
@@ -387,6 +423,7 @@ impl EtcdTestCluster {
             learners: 0,
             ready_timeout: Duration::from_secs(45),
             server_ca: None,
+            partitionable: false,
         }
     }
 
@@ -431,15 +468,22 @@ impl EtcdTestCluster {
         let client_files =
             write_pair(&tls_dir, "client", &pki.client).map_err(io("write client"))?;
 
+        let proxies = if opts.partitionable {
+            Some(peer_proxy::PeerProxies::start().map_err(io("start the peer proxies"))?)
+        } else {
+            None
+        };
         let mut members = Vec::new();
         for i in 0..opts.members {
-            members.push(Self::new_member(
+            let member = Self::new_member(
                 &pki,
                 &block,
                 dir.path(),
                 i,
                 !opts.without_ip_san.contains(&i),
-            )?);
+                proxies.as_ref(),
+            )?;
+            members.push(member);
         }
         let initial_cluster = members
             .iter()
@@ -485,6 +529,7 @@ impl EtcdTestCluster {
             client_files,
             admin,
             ready_timeout: opts.ready_timeout,
+            proxies,
             dir,
             _block: block,
             _slot: slot,
@@ -505,6 +550,7 @@ impl EtcdTestCluster {
         dir: &Path,
         index: usize,
         ip_in_serving_cert: bool,
+        proxies: Option<&peer_proxy::PeerProxies>,
     ) -> Result<TestMember, HarnessError> {
         let node_name = format!("cp-{index}");
         let name = format!("{node_name}-{}", random_suffix());
@@ -519,7 +565,7 @@ impl EtcdTestCluster {
         .map_err(io("write serving cert"))?;
         let peer = write_pair(&tls, "peer-server-client", &pki.peer(&name, ip))
             .map_err(io("write peer cert"))?;
-        Ok(TestMember {
+        let member = TestMember {
             node_name,
             name,
             ip,
@@ -527,13 +573,24 @@ impl EtcdTestCluster {
             learner: false,
             member_add_refusals: 0,
             ip_in_serving_cert,
+            behind_proxy: proxies.is_some(),
             dir: member_dir,
             serving,
             peer,
             initial_cluster: String::new(),
             initial_state: "new",
             child: None,
-        })
+        };
+        if let Some(proxies) = proxies {
+            proxies
+                .add(
+                    index,
+                    SocketAddr::from((ip, PEER_PORT)),
+                    member.listen_peer_addr(),
+                )
+                .map_err(io(format!("proxy the peer port of {}", member.name)))?;
+        }
+        Ok(member)
     }
 
     fn spawn(&mut self, index: usize) -> Result<(), HarnessError> {
@@ -543,7 +600,11 @@ impl EtcdTestCluster {
             self.peer_ca_file.clone(),
             self.token.clone(),
         );
-        self.member_mut(index)?.spawn(&bin, &ca, &peer_ca, &token)
+        self.member_mut(index)?.spawn(&bin, &ca, &peer_ca, &token)?;
+        if let Some(proxies) = &self.proxies {
+            proxies.set_pid(index, self.members[index].pid());
+        }
+        Ok(())
     }
 
     fn member_mut(&mut self, index: usize) -> Result<&mut TestMember, HarnessError> {
@@ -651,7 +712,14 @@ impl EtcdTestCluster {
         if index >= MAX_MEMBERS {
             return Err(HarnessError::BadSize(index + 1));
         }
-        let mut member = Self::new_member(&self.pki, &self._block, self.dir.path(), index, true)?;
+        let mut member = Self::new_member(
+            &self.pki,
+            &self._block,
+            self.dir.path(),
+            index,
+            true,
+            self.proxies.as_ref(),
+        )?;
         let peer_url = member.peer_url();
         // A learner promoted since it was added (by infra_sim, or a test's own
         // MemberPromote) is a voter now: refresh the cached flags before
@@ -770,6 +838,33 @@ impl EtcdTestCluster {
             .signal(Signal::SIGCONT)
     }
 
+    /// Partition member `index` from every peer: its raft traffic, both ways,
+    /// goes nowhere (connections are held silent, not refused), while its
+    /// client port keeps answering. Needs [`EtcdTestClusterBuilder::partitionable`].
+    pub fn isolate(&self, index: usize) -> Result<(), HarnessError> {
+        self.members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        self.proxies
+            .as_ref()
+            .ok_or(HarnessError::NotPartitionable)?
+            .isolate(index);
+        Ok(())
+    }
+
+    /// Undo [`Self::isolate`]: the held connections close and the member
+    /// reconnects to its peers.
+    pub fn heal(&self, index: usize) -> Result<(), HarnessError> {
+        self.members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        self.proxies
+            .as_ref()
+            .ok_or(HarnessError::NotPartitionable)?
+            .heal(index);
+        Ok(())
+    }
+
     /// Start a stopped member again on its data dir and wait until the cluster is ready.
     pub async fn restart(&mut self, index: usize) -> Result<(), HarnessError> {
         if self.member_mut(index)?.child.is_some() {
@@ -879,6 +974,254 @@ impl Drop for EtcdTestCluster {
     fn drop(&mut self) {
         for member in &mut self.members {
             member.kill_now();
+        }
+    }
+}
+
+/// TCP proxies in front of every member's peer port, so that a test can cut a
+/// member's raft traffic both ways while its client port stays reachable: a
+/// real partition, as etcd sees one.
+///
+/// Every member advertises the proxy's address (`<ip>:2380`) and listens
+/// behind it (`<ip>:2381`), so every peer connection, to a member or from it,
+/// goes through the proxy of the member it is addressed to. Which member
+/// dialed is read from the kernel: the dialing socket (local and remote address
+/// swapped) in `/proc/net/tcp` gives an inode, found among the members' open
+/// file descriptors. A cut connection is not closed but blackholed: both ends
+/// are held and nothing is forwarded, as packets into a partition go
+/// nowhere; once healed, held connections are closed and members reconnect.
+/// The proxies run on a thread of their own, so a test's runtime (or a
+/// blocking test) never stalls raft traffic.
+mod peer_proxy {
+    use std::collections::BTreeSet;
+    use std::net::{SocketAddr, SocketAddrV4};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::{oneshot, watch};
+
+    type Pids = Arc<Mutex<Vec<Option<u32>>>>;
+
+    pub(super) struct PeerProxies {
+        handle: tokio::runtime::Handle,
+        /// Indexes of the members cut off from every peer.
+        isolated: watch::Sender<BTreeSet<usize>>,
+        /// Process id of each member by index, to tell who dialed.
+        pids: Pids,
+        shutdown: Option<oneshot::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl PeerProxies {
+        pub(super) fn start() -> std::io::Result<Self> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = runtime.handle().clone();
+            let (shutdown, stop) = oneshot::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name("etcd-peer-proxies".into())
+                .spawn(move || {
+                    runtime.block_on(async {
+                        let _ = stop.await;
+                    });
+                    // Dropping the runtime ends every proxy task and closes its sockets.
+                })?;
+            Ok(Self {
+                handle,
+                isolated: watch::channel(BTreeSet::new()).0,
+                pids: Pids::default(),
+                shutdown: Some(shutdown),
+                thread: Some(thread),
+            })
+        }
+
+        /// Forward connections to `listen` (member `index`'s advertised peer
+        /// address) to `backend` (where the member listens).
+        pub(super) fn add(
+            &self,
+            index: usize,
+            listen: SocketAddr,
+            backend: SocketAddr,
+        ) -> std::io::Result<()> {
+            let listener = std::net::TcpListener::bind(listen)?;
+            listener.set_nonblocking(true)?;
+            let isolated = self.isolated.subscribe();
+            let pids = self.pids.clone();
+            self.handle.spawn(async move {
+                let Ok(listener) = TcpListener::from_std(listener) else {
+                    return;
+                };
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, _)) => {
+                            tokio::spawn(serve(
+                                stream,
+                                index,
+                                backend,
+                                pids.clone(),
+                                isolated.clone(),
+                            ));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    }
+                }
+            });
+            Ok(())
+        }
+
+        pub(super) fn set_pid(&self, index: usize, pid: Option<u32>) {
+            let mut pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
+            if pids.len() <= index {
+                pids.resize(index + 1, None);
+            }
+            pids[index] = pid;
+        }
+
+        pub(super) fn isolate(&self, index: usize) {
+            self.isolated.send_modify(|set| {
+                set.insert(index);
+            });
+        }
+
+        pub(super) fn heal(&self, index: usize) {
+            self.isolated.send_modify(|set| {
+                set.remove(&index);
+            });
+        }
+    }
+
+    impl Drop for PeerProxies {
+        fn drop(&mut self) {
+            if let Some(shutdown) = self.shutdown.take() {
+                let _ = shutdown.send(());
+            }
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    /// One peer connection to member `receiver`: forwarded while neither end
+    /// is isolated, held silent while one is, closed once healed.
+    async fn serve(
+        mut inbound: TcpStream,
+        receiver: usize,
+        backend: SocketAddr,
+        pids: Pids,
+        mut isolated: watch::Receiver<BTreeSet<usize>>,
+    ) {
+        let sender = sender_of(&inbound, &pids).await;
+        let cut = move |set: &BTreeSet<usize>| {
+            set.contains(&receiver) || sender.is_some_and(|s| set.contains(&s))
+        };
+        let mut outbound = None;
+        if !cut(&isolated.borrow_and_update()) {
+            let Ok(mut stream) = TcpStream::connect(backend).await else {
+                return; // the member is down: the dialer sees the connection close
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut inbound, &mut stream) => return,
+                changed = isolated.wait_for(cut) => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+            outbound = Some(stream);
+        }
+        let _ = isolated.wait_for(|set| !cut(set)).await;
+        drop((inbound, outbound));
+    }
+
+    /// Which member dialed `stream`, by the process owning the other end.
+    async fn sender_of(stream: &TcpStream, pids: &Pids) -> Option<usize> {
+        let (Ok(SocketAddr::V4(remote)), Ok(SocketAddr::V4(local))) =
+            (stream.peer_addr(), stream.local_addr())
+        else {
+            return None;
+        };
+        // The dialer's socket is established before ours is accepted; a few
+        // tries cover a table read racing with it.
+        for _ in 0..5 {
+            if let Some(inode) = socket_inode(remote, local) {
+                let link = format!("socket:[{inode}]");
+                let pids = pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(index) = pids
+                    .iter()
+                    .position(|pid| pid.is_some_and(|pid| owns_socket(pid, &link)))
+                {
+                    return Some(index);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tracing::debug!(%remote, %local, "peer proxy: dialing member not identified");
+        None
+    }
+
+    /// The inode of the IPv4 socket bound to `local` and connected to `remote`.
+    fn socket_inode(local: SocketAddrV4, remote: SocketAddrV4) -> Option<u64> {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        let (local, remote) = (proc_addr(local), proc_addr(remote));
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() > 9 && fields[1] == local && fields[2] == remote {
+                fields[9].parse().ok().filter(|inode| *inode != 0)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// An address as `/proc/net/tcp` prints it: the address's bytes as a
+    /// native-endian word, then the port, both in upper-case hex.
+    fn proc_addr(addr: SocketAddrV4) -> String {
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(addr.ip().octets()),
+            addr.port()
+        )
+    }
+
+    fn owns_socket(pid: u32, link: &str) -> bool {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == link))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn addresses_are_written_as_the_kernel_does() {
+            let addr: SocketAddrV4 = "127.0.0.1:2380".parse().unwrap();
+            if cfg!(target_endian = "little") {
+                assert_eq!(proc_addr(addr), "0100007F:094C");
+            }
+        }
+
+        #[test]
+        fn the_dialing_process_is_found_by_its_socket() {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            let (SocketAddr::V4(remote), SocketAddr::V4(local)) = (
+                accepted.peer_addr().unwrap(),
+                accepted.local_addr().unwrap(),
+            ) else {
+                panic!("IPv4");
+            };
+            let inode = socket_inode(remote, local).expect("dialer's socket listed");
+            assert!(owns_socket(
+                std::process::id(),
+                &format!("socket:[{inode}]")
+            ));
+            drop(client);
         }
     }
 }
