@@ -402,7 +402,6 @@ async fn leader_fault_during_the_leadership_move(pause: bool) {
     sandbox.mark_unhealthy(&target).await.unwrap();
     let mut struck = false;
     let started = std::time::Instant::now();
-    let started = std::time::Instant::now();
     step_with_a_new_controller_each_time(
         &mut sandbox,
         if pause {

@@ -378,6 +378,7 @@ async fn learners_promoted_elsewhere_receive_the_next_member_add_once_the_first_
     for voter in [1, 2] {
         assert!(!snap.member(c.member(voter).id).unwrap().learner);
     }
+}
 
 /// Poll `etcd`'s snapshot until `done` accepts one; panic with the last
 /// reason once `limit` has passed. Returns the snapshot and when it was taken.
