@@ -151,6 +151,14 @@ pub fn assess_cluster(members: &[MemberView]) -> Assessment {
     assess(members, None)
 }
 
+/// The cluster as it stands, when it has lost quorum (fewer healthy voters than
+/// a quorum): then no removal is safe whatever its own arithmetic says, since
+/// etcd cannot commit the change and what we cannot read (alarms) is unknown.
+pub fn quorum_lost(members: &[MemberView]) -> Option<Assessment> {
+    let standing = assess_cluster(members);
+    (standing.healthy < standing.size).then_some(standing)
+}
+
 /// Assess removing the member with id `target` (or nothing, if `None` or if no
 /// member has that id).
 pub fn assess_removal(members: &[MemberView], target: u64) -> Assessment {

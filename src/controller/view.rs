@@ -139,13 +139,20 @@ pub fn control_plane_view(
                     reason: reason.clone(),
                 }
             }
-            // Unknown alarms are not "no alarms": nothing may be removed on a guess.
-            EtcdObservation::Observed(s) if s.alarms_error.is_some() => EtcdState::Unreachable {
-                reason: format!(
-                    "etcd alarms could not be read: {}",
-                    s.alarms_error.as_deref().unwrap_or_default()
-                ),
-            },
+            // Unknown alarms are not "no alarms": nothing may be removed on a
+            // guess. Unless quorum is lost: then the rules refuse every removal
+            // on that ground, and say so with the numbers.
+            EtcdObservation::Observed(s)
+                if s.alarms_error.is_some()
+                    && crate::quorum::quorum_lost(&s.member_views()).is_none() =>
+            {
+                EtcdState::Unreachable {
+                    reason: format!(
+                        "etcd alarms could not be read: {}",
+                        s.alarms_error.as_deref().unwrap_or_default()
+                    ),
+                }
+            }
             EtcdObservation::Observed(s) => EtcdState::Observed(Membership {
                 members: s.member_views(),
                 leader: s.leader,

@@ -428,6 +428,15 @@ pub fn etcd_removal_plan(
         }
         EtcdState::Observed(m) => m,
     };
+    if let Some(standing) = quorum::quorum_lost(&membership.members) {
+        return Err((
+            Rule::EtcdQuorumAtRisk,
+            format!(
+                "KThreesControlPlane can't remove {} because etcd has lost quorum: {} of {} voters healthy, quorum needs {}",
+                target.name, standing.healthy, standing.voters, standing.size
+            ),
+        ));
+    }
     let member = target
         .etcd_member
         .filter(|id| membership.member(*id).is_some());

@@ -361,6 +361,15 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
         Ok(None) => return None,
         Ok(Some(m)) => m,
     };
+    if let Some(standing) = quorum::quorum_lost(&membership.members) {
+        return Some(wait(
+            WaitReason::QuorumAtRisk,
+            format!(
+                "not deleting {} now: etcd has lost quorum: {standing}",
+                target.name
+            ),
+        ));
+    }
     let assessment = match current_member(view, target) {
         Some(member) => quorum::assess_removal(&membership.members, member),
         None => quorum::assess_cluster(&membership.members),
@@ -405,6 +414,15 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
         Ok(Some(m)) => m,
     };
     let member = current_member(view, target)?;
+    if let Some(standing) = quorum::quorum_lost(&membership.members) {
+        return Some(wait(
+            WaitReason::QuorumAtRisk,
+            format!(
+                "not removing the member of {} now: etcd has lost quorum: {standing}",
+                target.name
+            ),
+        ));
+    }
     let assessment = quorum::assess_removal(&membership.members, member);
     if !assessment.is_safe() {
         return Some(wait(
