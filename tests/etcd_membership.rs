@@ -495,6 +495,24 @@ async fn a_partitioned_leader_is_replaced_and_counted_unhealthy() {
 
     let cut = Instant::now();
     c.isolate(old).unwrap();
+    // It still believes it leads, but cannot confirm it with a quorum.
+    poll_snapshot(
+        &etcd,
+        "the partitioned leader unhealthy",
+        Duration::from_secs(10),
+        |s| {
+            if healthy(s, old_id) {
+                Err("still counted healthy".into())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "partitioned leader counted unhealthy after {:?}",
+        cut.elapsed()
+    );
     let snap = poll_snapshot(
         &etcd,
         "a new leader, the old one unhealthy",

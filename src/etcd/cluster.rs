@@ -249,9 +249,12 @@ impl EtcdCluster {
         let read = async {
             if member.learner {
                 // etcd serves learners only Status and serializable reads.
-                None
+                Read::NotAsked
             } else {
-                Some(self.linearizable_read(member, limit).await)
+                match self.linearizable_read(member, limit).await {
+                    Ok(()) => Read::Served,
+                    Err(err) => Read::Failed(err.to_string()),
+                }
             }
         };
         let (status, read) = futures::join!(self.probe(member, limit), read);
@@ -259,7 +262,7 @@ impl EtcdCluster {
         Ok(Probe {
             cluster_id,
             status,
-            read: read.map(|r| r.err().map(|e| e.to_string())),
+            read,
         })
     }
 
@@ -454,25 +457,33 @@ const HEALTH_KEY: &str = "health";
 pub(crate) struct Probe {
     cluster_id: u64,
     status: MemberStatus,
-    /// The linearizable read: `None` for a learner (not asked), `Some(None)`
-    /// when served, `Some(Some(why))` when not.
-    read: Option<Option<String>>,
+    read: Read,
+}
+
+/// The linearizable read of a probe.
+#[derive(Debug)]
+enum Read {
+    /// A learner: etcd would refuse it.
+    NotAsked,
+    Served,
+    /// Why it was not served within the probe timeout.
+    Failed(String),
 }
 
 impl Probe {
     fn served_read(&self) -> bool {
-        matches!(self.read, Some(None))
+        matches!(self.read, Read::Served)
     }
 
     /// Why the member is not healthy despite answering `Status` (errors it
     /// reports and alarms are judged by the quorum view).
     fn verdict(&self, learner: bool, leader: Option<u64>) -> Option<String> {
         match &self.read {
-            Some(Some(why)) => Some(format!(
-                "answers status but cannot serve a linearizable read, so it is not connected to a quorum ({why})"
+            Read::Failed(why) => Some(format!(
+                "answers status but cannot serve a linearizable read, so it is not connected to a quorum: {why}"
             )),
-            Some(None) => None,
-            None if learner => match (self.status.leader, leader) {
+            Read::Served => None,
+            Read::NotAsked if learner => match (self.status.leader, leader) {
                 (0, _) => Some("learner knows no leader".to_string()),
                 (_, None) => {
                     Some("learner cannot be checked: no healthy voter names a leader".to_string())
@@ -482,7 +493,7 @@ impl Probe {
                 )),
                 _ => None,
             },
-            None => Some("not probed".to_string()),
+            Read::NotAsked => Some("not probed".to_string()),
         }
     }
 }
@@ -491,7 +502,7 @@ impl Probe {
 mod tests {
     use super::*;
 
-    fn probe(leader: u64, read: Option<Option<&str>>) -> Probe {
+    fn probe(leader: u64, read: Read) -> Probe {
         Probe {
             cluster_id: 7,
             status: MemberStatus {
@@ -504,39 +515,39 @@ mod tests {
                 errors: vec![],
                 is_learner: false,
             },
-            read: read.map(|r| r.map(str::to_string)),
+            read,
         }
     }
 
     #[test]
     fn a_voter_is_healthy_only_if_it_served_the_linearizable_read() {
-        assert_eq!(probe(1, Some(None)).verdict(false, Some(1)), None);
+        assert_eq!(probe(1, Read::Served).verdict(false, Some(1)), None);
         // Alive, believes in a leader, but cut off: not healthy.
-        let why = probe(1, Some(Some("range timed out after 2s")))
+        let why = probe(1, Read::Failed("range timed out after 2s".into()))
             .verdict(false, Some(1))
             .unwrap();
         assert!(
             why.starts_with("answers status but cannot serve a linearizable read")
-                && why.ends_with("(range timed out after 2s)"),
+                && why.ends_with("quorum: range timed out after 2s"),
             "{why}"
         );
         // Following another leader does not matter once the read was served.
-        assert_eq!(probe(2, Some(None)).verdict(false, Some(1)), None);
+        assert_eq!(probe(2, Read::Served).verdict(false, Some(1)), None);
     }
 
     #[test]
     fn a_learner_is_healthy_if_it_follows_the_voters_leader() {
-        assert_eq!(probe(1, None).verdict(true, Some(1)), None);
+        assert_eq!(probe(1, Read::NotAsked).verdict(true, Some(1)), None);
         assert_eq!(
-            probe(0, None).verdict(true, Some(1)).unwrap(),
+            probe(0, Read::NotAsked).verdict(true, Some(1)).unwrap(),
             "learner knows no leader"
         );
         assert!(
-            probe(2, None)
+            probe(2, Read::NotAsked)
                 .verdict(true, Some(1))
                 .unwrap()
                 .contains("not the leader 0000000000000001")
         );
-        assert!(probe(1, None).verdict(true, None).is_some());
+        assert!(probe(1, Read::NotAsked).verdict(true, None).is_some());
     }
 }

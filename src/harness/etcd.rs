@@ -10,6 +10,11 @@
 //! loaded CPU does not cause elections. Every wait polls a condition with a
 //! deadline. Dropping the cluster kills every member (also on panic), and
 //! members get SIGKILL if the process that started them dies.
+//!
+//! A cluster built [`partitionable`](EtcdTestClusterBuilder::partitionable)
+//! has a TCP proxy in front of every member's peer port, so that
+//! [`EtcdTestCluster::isolate`] can cut one member's raft traffic, both ways,
+//! while its client port stays reachable: a real partition as etcd sees it.
 
 use std::fs::{File, OpenOptions};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
