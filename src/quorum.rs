@@ -156,7 +156,7 @@ pub fn assess_cluster(members: &[MemberView]) -> Assessment {
 /// etcd cannot commit the change and what we cannot read (alarms) is unknown.
 pub fn quorum_lost(members: &[MemberView]) -> Option<Assessment> {
     let standing = assess_cluster(members);
-    (standing.healthy < standing.size).then_some(standing)
+    (!standing.has_quorum()).then_some(standing)
 }
 
 /// Assess removing the member with id `target` (or nothing, if `None` or if no

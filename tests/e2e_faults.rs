@@ -545,3 +545,92 @@ async fn conflicts_and_expired_watches_in_the_middle_of_a_remediation_lose_nothi
     }
     controller.stop().await;
 }
+
+/// A member cut off from its peers (its raft traffic held, its client port
+/// answering, so `Status` still looks fine) while another Machine is marked:
+/// the cut-off member counts as unhealthy, so removing the marked one would
+/// leave too few healthy voters: refused, nothing deleted. Healed, the
+/// remediation completes with one replacement.
+async fn partitioned_member_blocks_a_removal_until_healed(partition_leader: bool) {
+    use e2e_support::wait_owner_remediated;
+    use k3s_control_plane::harness::EtcdTestCluster;
+    use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
+    init_logs();
+    let mut sandbox = Sandbox::start_with(EtcdTestCluster::builder().members(3).partitionable(), 3)
+        .await
+        .unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
+    let leader_index = sandbox.etcd.index_of(leader).unwrap();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader_index).collect();
+    let (cut, target_index) = if partition_leader {
+        (leader_index, followers[0])
+    } else {
+        (followers[0], followers[1])
+    };
+    let cut_member = sandbox.etcd.member(cut).name.clone();
+    let target = sandbox.machines[target_index].clone();
+    let controller = sandbox.start_controller();
+    sandbox.etcd.isolate(cut).unwrap();
+    let started = std::time::Instant::now();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let message = wait_owner_remediated(
+        &sandbox,
+        &target,
+        "CannotBeRemediated",
+        &["quorum", &cut_member],
+    )
+    .await;
+    let refused_after = started.elapsed();
+    assert!(
+        machines(&sandbox).await.iter().all(|m| !m.is_deleting()),
+        "{message}"
+    );
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
+
+    sandbox.etcd.heal(cut).unwrap();
+    let healed = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + LIMIT * 2;
+    loop {
+        reconcile_infrastructure(&mut sandbox, LIMIT).await.unwrap();
+        let all = machines(&sandbox).await;
+        assert!(all.iter().filter(|m| m.is_deleting()).count() <= 1);
+        if all.len() == 3
+            && all
+                .iter()
+                .all(|m| m.node_name().is_some() && !m.is_deleting())
+            && !all
+                .iter()
+                .any(|m| m.metadata.name.as_deref() == Some(target.as_str()))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not remediated after the heal"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
+    assert_eq!(event_count(&sandbox, "ReplacementCreated").await, 1);
+    eprintln!(
+        "fault matrix: {} partitioned: refused after {refused_after:?}; remediated {:?} after the heal",
+        if partition_leader {
+            "leader"
+        } else {
+            "follower"
+        },
+        healed.elapsed()
+    );
+    controller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_follower_blocks_a_removal_until_healed() {
+    partitioned_member_blocks_a_removal_until_healed(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_blocks_a_removal_until_healed() {
+    partitioned_member_blocks_a_removal_until_healed(true).await;
+}

@@ -249,7 +249,17 @@ impl Sandbox {
     /// A world of `members` control-plane Machines, each running one member of a
     /// real `members`-member etcd cluster; the control plane is initialized.
     pub async fn start(members: usize) -> Result<Self, SandboxError> {
-        let etcd = EtcdTestCluster::start(members)
+        Self::start_with(EtcdTestCluster::builder().members(members), members).await
+    }
+
+    /// As [`start`](Self::start), with the etcd cluster built by `etcd` (e.g.
+    /// `partitionable()`), which must start `members` voters.
+    pub async fn start_with(
+        etcd: super::etcd::EtcdTestClusterBuilder,
+        members: usize,
+    ) -> Result<Self, SandboxError> {
+        let etcd = etcd
+            .start()
             .await
             .map_err(|e| SandboxError(format!("etcd cluster: {e}")))?;
         let management = management_server().await?;
