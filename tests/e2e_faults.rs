@@ -634,3 +634,77 @@ async fn a_partitioned_follower_blocks_a_removal_until_healed() {
 async fn a_partitioned_leader_blocks_a_removal_until_healed() {
     partitioned_member_blocks_a_removal_until_healed(true).await;
 }
+
+/// A real NOSPACE alarm: one member with a small backend quota, filled with
+/// writes until etcd refuses them. That member counts as unhealthy, so the
+/// removal of another Machine is refused with a condition naming the alarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nospace_on_one_member_blocks_a_removal_naming_the_alarm() {
+    use e2e_support::wait_owner_remediated;
+    use k3s_control_plane::harness::EtcdTestCluster;
+    init_logs();
+    let full = 2;
+    let sandbox = Sandbox::start_with(
+        EtcdTestCluster::builder()
+            .members(3)
+            .quota_backend_bytes(full, 512 * 1024),
+        3,
+    )
+    .await
+    .unwrap();
+    // Fill it for real, with etcdctl, until etcd refuses writes.
+    let value = "x".repeat(64 * 1024);
+    let mut refused = None;
+    for i in 0..200 {
+        let out = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                sandbox.etcd.member(0).client_url()
+            ))
+            .arg(format!(
+                "--cacert={}",
+                sandbox.etcd.ca_cert_path().display()
+            ))
+            .arg(format!(
+                "--cert={}",
+                sandbox.etcd.client_cert_path().display()
+            ))
+            .arg(format!(
+                "--key={}",
+                sandbox.etcd.client_key_path().display()
+            ))
+            .args(["put", &format!("fill-{i}"), &value])
+            .output()
+            .expect("etcdctl runs (hack/setup.sh installs it)");
+        if !out.status.success() {
+            refused = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+            break;
+        }
+    }
+    let refused = refused.expect("etcd never refused a write");
+    assert!(refused.contains("database space exceeded"), "{refused}");
+
+    let target = sandbox.machines[0].clone();
+    let full_member = sandbox.etcd.member(full).name.clone();
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let message = wait_owner_remediated(
+        &sandbox,
+        &target,
+        "CannotBeRemediated",
+        &["NOSPACE", &full_member],
+    )
+    .await;
+    assert!(message.contains("quorum"), "{message}");
+    assert!(machines(&sandbox).await.iter().all(|m| !m.is_deleting()));
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
+    let etcd = condition(&*kcp(&sandbox).await, "EtcdClusterHealthy");
+    assert!(
+        etcd.status == "False" && etcd.message.contains("NOSPACE"),
+        "{}",
+        etcd.message
+    );
+    eprintln!("fault matrix: NOSPACE: {message}");
+    controller.stop().await;
+}

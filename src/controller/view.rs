@@ -347,7 +347,17 @@ mod tests {
                 peer_urls: vec![],
                 client_urls: vec![],
                 learner: false,
-                status: None,
+                // A healthy voter: quorum holds, so only the alarms are unknown.
+                status: Some(crate::etcd::snapshot::MemberStatus {
+                    leader: 1,
+                    raft_term: 2,
+                    raft_index: 10,
+                    raft_applied_index: 10,
+                    db_size: 20_480,
+                    version: "3.4.23".into(),
+                    errors: vec![],
+                    is_learner: false,
+                }),
                 probe_error: None,
                 alarms: vec![],
             }],
@@ -374,6 +384,20 @@ mod tests {
         let view =
             control_plane_view(&world(EtcdObservation::Observed(snapshot(None))), None).unwrap();
         assert!(matches!(view.etcd, EtcdState::Observed(_)));
+    }
+
+    #[test]
+    fn with_quorum_lost_the_rules_see_the_membership_even_if_alarms_are_unreadable() {
+        let mut lost = snapshot(Some("no voter can reach a quorum"));
+        lost.members[0].status = None;
+        lost.members[0].probe_error = Some("cannot serve a linearizable read".into());
+        let view = control_plane_view(&world(EtcdObservation::Observed(lost)), None).unwrap();
+        // Observed: the quorum rule refuses every removal, with the numbers.
+        assert!(
+            matches!(view.etcd, EtcdState::Observed(_)),
+            "{:?}",
+            view.etcd
+        );
     }
 
     #[test]

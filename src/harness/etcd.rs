@@ -162,6 +162,8 @@ pub struct TestMember {
     /// been connected to every voter for 5 s) before accepting it; 0 for the
     /// members a cluster starts with.
     pub member_add_refusals: u32,
+    /// Extra etcd flags of this member (e.g. a small `--quota-backend-bytes`).
+    extra_args: Vec<String>,
     /// False when the serving certificate deliberately lacks the member's IP:
     /// it cannot be probed on its address, so readiness only waits for it to join.
     pub ip_in_serving_cert: bool,
@@ -262,6 +264,7 @@ impl TestMember {
             .arg("--pre-vote")
             .arg("--logger=zap")
             .arg("--log-level=warn")
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
@@ -332,9 +335,18 @@ pub struct EtcdTestClusterBuilder {
     /// The etcd server CA to sign with (cert, key PEM), instead of a new one.
     server_ca: Option<(String, String)>,
     partitionable: bool,
+    /// `--quota-backend-bytes` per member index.
+    quotas: Vec<(usize, u64)>,
 }
 
 impl EtcdTestClusterBuilder {
+    /// Give member `index` a backend quota of `bytes` (`--quota-backend-bytes`),
+    /// so that filling it raises a real `NOSPACE` alarm on that member.
+    pub fn quota_backend_bytes(mut self, index: usize, bytes: u64) -> Self {
+        self.quotas.push((index, bytes));
+        self
+    }
+
     /// Sign the members' serving and client certificates with this CA (PEM),
     /// as k3s does with the `<cluster>-etcd` CA the bootstrap provider writes
     /// to `/var/lib/rancher/k3s/server/tls/etcd/server-ca.*`.
@@ -429,6 +441,7 @@ impl EtcdTestCluster {
             ready_timeout: Duration::from_secs(45),
             server_ca: None,
             partitionable: false,
+            quotas: Vec::new(),
         }
     }
 
@@ -480,7 +493,7 @@ impl EtcdTestCluster {
         };
         let mut members = Vec::new();
         for i in 0..opts.members {
-            let member = Self::new_member(
+            let mut member = Self::new_member(
                 &pki,
                 &block,
                 dir.path(),
@@ -488,6 +501,9 @@ impl EtcdTestCluster {
                 !opts.without_ip_san.contains(&i),
                 proxies.as_ref(),
             )?;
+            for (_, bytes) in opts.quotas.iter().filter(|(index, _)| *index == i) {
+                member.extra_args = vec![format!("--quota-backend-bytes={bytes}")];
+            }
             members.push(member);
         }
         let initial_cluster = members
@@ -577,6 +593,7 @@ impl EtcdTestCluster {
             id: 0,
             learner: false,
             member_add_refusals: 0,
+            extra_args: Vec::new(),
             ip_in_serving_cert,
             behind_proxy: proxies.is_some(),
             dir: member_dir,

@@ -432,8 +432,8 @@ pub fn etcd_removal_plan(
         return Err((
             Rule::EtcdQuorumAtRisk,
             format!(
-                "KThreesControlPlane can't remove {} because etcd has lost quorum: {} of {} voters healthy, quorum needs {}",
-                target.name, standing.healthy, standing.voters, standing.size
+                "KThreesControlPlane can't remove {} because etcd has lost quorum: {standing}",
+                target.name
             ),
         ));
     }
