@@ -163,7 +163,7 @@ pub fn secrets_view(
         kubeconfig: kubeconfig_state(objects.kubeconfig.as_ref(), kcp),
         endpoint,
         now,
-        renew_before: policy.renew_before,
+        kubeconfig_policy: *policy,
     }
 }
 

@@ -191,7 +191,6 @@ pub fn decide(view: &LifecycleView) -> Lifecycle {
 mod tests {
     use super::*;
     use crate::lifecycle::secrets::{KubeconfigState, SecretState, SecretWrite};
-    use std::time::Duration;
 
     fn settled() -> LifecycleView {
         let valid = SecretState::Valid { owned: true };
@@ -220,7 +219,7 @@ mod tests {
                 },
                 endpoint: Some("https://127.0.0.1:6443".into()),
                 now: chrono::Utc::now(),
-                renew_before: Duration::from_secs(3600),
+                kubeconfig_policy: crate::pki::KubeconfigPolicy::default(),
             },
             machines: vec![OwnedMachine {
                 name: "cp-1".into(),

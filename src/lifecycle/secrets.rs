@@ -7,9 +7,9 @@
 //! when the endpoint moved. A Secret that exists but cannot be used blocks
 //! everything else, with the Secret and key named.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
+
+use crate::pki::KubeconfigPolicy;
 use serde::Serialize;
 
 /// The three CAs a k3s control plane needs from the management cluster.
@@ -100,8 +100,8 @@ pub struct SecretsView {
     /// `https://<host>:<port>` of `Cluster.spec.controlPlaneEndpoint`, once set.
     pub endpoint: Option<String>,
     pub now: DateTime<Utc>,
-    /// Rotate an owned kubeconfig once less than this is left of its client certificate.
-    pub renew_before: Duration,
+    /// When an owned kubeconfig's client certificate is renewed.
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 impl SecretsView {
@@ -118,7 +118,7 @@ impl SecretsView {
             kubeconfig: KubeconfigState::Missing,
             endpoint: None,
             now,
-            renew_before: Duration::ZERO,
+            kubeconfig_policy: KubeconfigPolicy::default(),
         }
     }
 
@@ -264,14 +264,13 @@ fn rotation_reason(
         return Some(format!("the endpoint moved from {server} to {wanted}"));
     }
     let not_after = not_after?;
-    let left = not_after - view.now;
-    let threshold = chrono::Duration::from_std(view.renew_before).unwrap_or(chrono::Duration::MAX);
-    (left < threshold).then(|| {
+    let policy = &view.kubeconfig_policy;
+    policy.needs_rotation(not_after, view.now).then(|| {
         format!(
             "client certificate expires at {} ({}s left, renewing with less than {}s left)",
             not_after.to_rfc3339(),
-            left.num_seconds(),
-            view.renew_before.as_secs()
+            (not_after - view.now).num_seconds(),
+            policy.renew_before.as_secs()
         )
     })
 }
@@ -309,7 +308,7 @@ mod tests {
             },
             endpoint: Some(URL.into()),
             now: now(),
-            renew_before: Duration::from_secs(292 * 86_400),
+            kubeconfig_policy: KubeconfigPolicy::default(),
         }
     }
 
