@@ -28,6 +28,7 @@ fn good() -> KThreesControlPlane {
                 ..Default::default()
             },
             remediation_strategy: None,
+            rollout_strategy: None,
         },
     );
     kcp.metadata.namespace = Some("team-a".into());

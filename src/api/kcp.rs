@@ -66,6 +66,10 @@ pub struct KThreesControlPlaneSpec {
     /// How unhealthy control-plane machines are remediated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation_strategy: Option<RemediationStrategy>,
+    /// How outdated machines are replaced (additive to cluster-api-k3s's
+    /// schema; absent means a rolling update with maxSurge 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<RolloutStrategy>,
 }
 
 fn default_replicas() -> Option<i32> {
@@ -90,6 +94,31 @@ pub struct KThreesControlPlaneMachineTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_deletion_timeout: Option<GoDuration>,
 }
+
+/// How outdated control-plane machines are replaced, as CAPI's KCP spells it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStrategy {
+    /// Only `RollingUpdate` exists.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_update: Option<RollingUpdate>,
+}
+
+/// `rolloutStrategy.rollingUpdate`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingUpdate {
+    /// Machines created above `replicas` during a rollout: 0 (remove an
+    /// outdated machine first, needs 3 healthy voters) or 1 (the default:
+    /// create the replacement first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+}
+
+/// Default `rolloutStrategy.rollingUpdate.maxSurge`.
+pub const DEFAULT_MAX_SURGE: u32 = 1;
 
 /// How control-plane machine remediation happens.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
@@ -238,6 +267,24 @@ impl KThreesControlPlane {
             .remediation_strategy
             .as_ref()
             .and_then(|r| r.max_retry)
+    }
+
+    /// `rolloutStrategy.rollingUpdate.maxSurge` as 0 or 1; `None` when it is
+    /// set to anything else (the validator names it).
+    pub fn max_surge(&self) -> Option<u32> {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        match self
+            .spec
+            .rollout_strategy
+            .as_ref()
+            .and_then(|r| r.rolling_update.as_ref())
+            .and_then(|r| r.max_surge.as_ref())
+        {
+            None => Some(DEFAULT_MAX_SURGE),
+            Some(IntOrString::Int(n)) if (0..=1).contains(n) => Some(*n as u32),
+            Some(IntOrString::String(s)) if s == "0" || s == "1" => s.parse().ok(),
+            Some(_) => None,
+        }
     }
 
     /// metav1 conditions of the status (empty without status).

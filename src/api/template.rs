@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::bootstrap::KThreesConfigSpec;
-use super::kcp::{KThreesControlPlaneMachineTemplate, RemediationStrategy};
+use super::kcp::{KThreesControlPlaneMachineTemplate, RemediationStrategy, RolloutStrategy};
 use super::refs::TemplateMeta;
 
 /// Spec of a `KThreesControlPlaneTemplate`.
@@ -47,4 +47,6 @@ pub struct KThreesControlPlaneTemplateResourceSpec {
     pub machine_template: KThreesControlPlaneMachineTemplate,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation_strategy: Option<RemediationStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<RolloutStrategy>,
 }
