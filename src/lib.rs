@@ -11,6 +11,7 @@
 //! - [`pki`]: pure generation of the cluster Secrets (CAs, join token, admin kubeconfig).
 //! - [`remediation`]: the pure decision (which machine, which rule) and its steps.
 //! - [`lifecycle`]: pure lifecycle decisions (teardown, pause, cluster Secrets, mixed management).
+//! - [`rollout`]: pure rollout rules (which Machines are outdated and why, the next rollout step).
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
 //! - [`apiserver`]: an in-process Kubernetes API server for tests and the demo.
 //! - [`harness`]: local real-etcd clusters with a k3s-like PKI (tests and demo).
@@ -26,6 +27,7 @@ pub mod membership;
 pub mod pki;
 pub mod quorum;
 pub mod remediation;
+pub mod rollout;
 pub mod workload;
 
 /// Install ring as the process-wide rustls provider. Every TLS user in this

@@ -55,6 +55,10 @@ pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// Our finalizer on the KThreesControlPlane (cluster-api-k3s's name, so objects
 /// it created are taken over as they are).
 pub const KCP_FINALIZER: &str = "kthrees.controlplane.cluster.x-k8s.io";
+/// On a control-plane Machine: the hash of the spec it was made from
+/// (`kthreesConfigSpec` and the infrastructure template), so "was this Machine
+/// made from the current spec?" survives restarts; see [`crate::rollout`].
+pub const SPEC_HASH_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/kthrees-spec-hash";
 
 // --- k3s Node labels and annotations --------------------------------------------
 

@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::api::machine::{Bootstrap, MachineDeletionSpec, MachineSpec};
 use crate::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, REMEDIATION_FOR_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
 };
 use crate::api::refs::ContractVersionedObjectReference;
 use crate::api::{KThreesConfig, Machine};
@@ -306,6 +307,11 @@ pub async fn create_machine(
     if let Some(rf) = remediation_for {
         annotations.insert(REMEDIATION_FOR_ANNOTATION.to_string(), rf.to_annotation());
     }
+    // What it is made from, so a later spec change is seen as a rollout.
+    annotations.insert(
+        SPEC_HASH_ANNOTATION.to_string(),
+        crate::rollout::spec_hash(kcp),
+    );
     let mut machine_labels = kcp.spec.machine_template.metadata.labels.clone();
     machine_labels.extend(labels.clone());
     let machine = Machine {

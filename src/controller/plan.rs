@@ -13,8 +13,12 @@ use crate::membership::MembershipMap;
 use crate::remediation::decide::{Decision, Outcome, decide};
 use crate::remediation::model::ControlPlaneView;
 use crate::remediation::orphans::{OrphanDecision, OrphanInput, decide_orphans};
-use crate::remediation::scale_down::{ScaleDownDecision, decide_scale_down};
+use crate::remediation::scale_down::{
+    ScaleDownDecision, decide_outdated_removal, decide_scale_down,
+};
 use crate::remediation::steps::{Removal, RemovalKind, Step, next_step, resume};
+use crate::rollout::preflight;
+use crate::rollout::{RolloutDecision, RolloutStep, decide_rollout};
 
 use super::view::{ViewError, control_plane_view, mapping};
 use super::world::World;
@@ -111,7 +115,12 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     let view = control_plane_view(world, mapping.as_ref()).map_err(Refusal::View)?;
     let remediation = decide(&view, world.now);
     let orphans = decide_orphans(&view, &orphan_input(world, mapping.as_ref()), world.now);
-    let (action, rule, message) = choose(&view, &remediation, &orphans);
+    // The validator refused anything but 0 or 1 above.
+    let max_surge = world
+        .kcp
+        .max_surge()
+        .unwrap_or(crate::api::kcp::DEFAULT_MAX_SURGE);
+    let (action, rule, message) = choose(&view, &remediation, &orphans, max_surge);
     Ok(Plan {
         view,
         mapping,
@@ -166,6 +175,7 @@ fn choose(
     view: &ControlPlaneView,
     remediation: &Decision,
     orphans: &OrphanDecision,
+    max_surge: u32,
 ) -> (Action, String, String) {
     // 0. A stale record (a Machine was created after it) is cleared before
     // anything is resumed from it: resuming would replace a machine whose
@@ -232,7 +242,7 @@ fn choose(
         Outcome::Wait { .. } | Outcome::Skip { .. } => {
             // Like upstream, a refused remediation does not block scaling; but
             // an unhealthy machine fails scale-down's preflight anyway.
-            let (action, scale_rule, scale_message) = scale(view);
+            let (action, scale_rule, scale_message) = scale(view, max_surge);
             if matches!(action, Action::Idle | Action::Wait) {
                 return (Action::Wait, rule, remediation.message.clone());
             }
@@ -240,50 +250,79 @@ fn choose(
         }
         Outcome::Idle => {}
     }
-    // 3. Scale towards spec.replicas.
-    scale(view)
+    // 4. Roll out outdated machines, or scale towards spec.replicas.
+    scale(view, max_surge)
 }
 
-fn scale(view: &ControlPlaneView) -> (Action, String, String) {
+/// A removal picked by the scale-down rules, as the plan's action; `rule`
+/// names it when it goes, `family` prefixes the rule when it waits.
+fn removal_action(
+    view: &ControlPlaneView,
+    decision: ScaleDownDecision,
+    rule: &str,
+    family: &str,
+    context: &str,
+) -> (Action, String, String) {
+    match decision {
+        ScaleDownDecision::Go {
+            scale_down,
+            message,
+        } => {
+            let removal = Removal {
+                machine: scale_down.machine.clone(),
+                kind: RemovalKind::ScaleDown,
+            };
+            let step = next_step(view, &removal);
+            let (action, _, step_message) = step_action(removal, step);
+            (
+                action,
+                rule.to_string(),
+                format!("{context}{message}; {step_message}"),
+            )
+        }
+        ScaleDownDecision::Wait { rule: why, message } => (
+            Action::Wait,
+            match why.as_str().strip_prefix("scale-down.") {
+                Some(rest) => format!("{family}.{rest}"),
+                // An etcd rule (quorum, leadership) keeps its own name.
+                None => format!("{family}.{}", why.as_str()),
+            },
+            format!("{context}{message}"),
+        ),
+    }
+}
+
+fn rollout_action(view: &ControlPlaneView, d: RolloutDecision) -> (Action, String, String) {
+    match d.step {
+        RolloutStep::Surge => (Action::CreateMachine, d.rule, d.message),
+        RolloutStep::Wait { .. } => (Action::Wait, d.rule, d.message),
+        RolloutStep::RemoveOutdated => removal_action(
+            view,
+            decide_outdated_removal(view),
+            &d.rule,
+            "rollout",
+            &format!("{}; ", d.message),
+        ),
+    }
+}
+
+fn scale(view: &ControlPlaneView, max_surge: u32) -> (Action, String, String) {
     let live = view.machines.iter().filter(|m| !m.is_deleting()).count() as u32;
     let desired = view.desired_replicas;
+    if let Some(d) = decide_rollout(view, max_surge) {
+        return rollout_action(view, d);
+    }
     if live > desired {
-        return match decide_scale_down(view) {
-            ScaleDownDecision::Go {
-                scale_down,
-                message,
-            } => {
-                let removal = Removal {
-                    machine: scale_down.machine.clone(),
-                    kind: RemovalKind::ScaleDown,
-                };
-                let step = next_step(view, &removal);
-                let (action, _, step_message) = step_action(removal, step);
-                (
-                    action,
-                    "scale-down".into(),
-                    format!("{message}; {step_message}"),
-                )
-            }
-            ScaleDownDecision::Wait { rule, message } => (
-                Action::Wait,
-                format!("scale-down.{}", rule.as_str()),
-                message,
-            ),
-        };
+        return removal_action(
+            view,
+            decide_scale_down(view),
+            "scale-down",
+            "scale-down",
+            "",
+        );
     }
     if live < desired {
-        if let Some(m) = view.machines.iter().find(|m| m.is_deleting()) {
-            return (
-                Action::Wait,
-                "scale-up.machine-deleting".into(),
-                format!(
-                    "{live} of {desired} machines; waiting for {} to finish deleting",
-                    m.name
-                ),
-            );
-        }
-        if live == 0 {
+        if live == 0 && view.machines.is_empty() {
             // The first server initializes the cluster (the bootstrap provider
             // renders it with cluster-init while the control plane is not
             // initialized); every other server joins it later.
@@ -293,7 +332,7 @@ fn scale(view: &ControlPlaneView) -> (Action, String, String) {
                 format!("0 of {desired} machines: creating the first server"),
             );
         }
-        if !view.initialized {
+        if live > 0 && !view.initialized {
             let first = view
                 .machines
                 .iter()
@@ -309,14 +348,11 @@ fn scale(view: &ControlPlaneView) -> (Action, String, String) {
                 ),
             );
         }
-        if let Some(m) = view.machines.iter().find(|m| m.node_ref.is_none()) {
+        if let Err(f) = preflight::before_adding(view) {
             return (
                 Action::Wait,
-                "scale-up.machine-provisioning".into(),
-                format!(
-                    "{live} of {desired} machines; waiting for {} to get a node",
-                    m.name
-                ),
+                format!("scale-up.{}", f.check.as_str()),
+                format!("{live} of {desired} machines; {f}"),
             );
         }
         return (

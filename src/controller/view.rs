@@ -118,9 +118,10 @@ pub fn control_plane_view(
     );
     let empty = BTreeMap::new();
     let kcp_annotations = kcp.metadata.annotations.as_ref().unwrap_or(&empty);
+    let desired = crate::rollout::desired(kcp);
     let mut machines = Vec::with_capacity(world.machines.len());
     for machine in &world.machines {
-        machines.push(machine_view(world, machine, mapping)?);
+        machines.push(machine_view(world, machine, mapping, &desired)?);
     }
     Ok(ControlPlaneView {
         name: kcp.metadata.name.clone().unwrap_or_default(),
@@ -242,6 +243,7 @@ fn machine_view(
     world: &World,
     machine: &Machine,
     mapping: Option<&MembershipMap>,
+    desired: &crate::rollout::Desired,
 ) -> Result<MachineView, ViewError> {
     let name = name_of(machine);
     let object = format!(
@@ -268,6 +270,11 @@ fn machine_view(
     )
     .is_some_and(|c| c.status == "False");
     let node = machine.node_name().and_then(|n| world.node(n));
+    let outdated_reasons = crate::rollout::outdated_reasons(
+        desired,
+        &crate::rollout::made_from(machine, world.now),
+        world.now,
+    );
     Ok(MachineView {
         name: name.clone(),
         created: machine
@@ -287,7 +294,8 @@ fn machine_view(
         remediate_requested: annotations.contains_key(REMEDIATE_MACHINE_ANNOTATION),
         remediation_for: remediation_data(annotations, REMEDIATION_FOR_ANNOTATION, &object)?,
         delete_requested: annotations.contains_key(DELETE_MACHINE_ANNOTATION),
-        outdated: machine.spec.version.as_deref() != Some(world.kcp.spec.version.as_str()),
+        outdated: !outdated_reasons.is_empty(),
+        outdated_reasons,
         etcd_member: mapping
             .and_then(|m| m.member_of(&name))
             .map(|p| p.member.id),

@@ -486,6 +486,11 @@ impl Sandbox {
                     (CONTROL_PLANE_LABEL.to_string(), String::new()),
                     (CONTROL_PLANE_NAME_LABEL.to_string(), KCP.to_string()),
                 ])),
+                // As if this control plane had made it from its current spec.
+                annotations: Some(BTreeMap::from([(
+                    crate::api::names::SPEC_HASH_ANNOTATION.to_string(),
+                    crate::rollout::spec_hash(kcp),
+                )])),
                 owner_references: Some(vec![owner]),
                 ..ObjectMeta::default()
             },

@@ -169,6 +169,9 @@ pub struct MachineView {
     pub delete_requested: bool,
     /// The machine needs rollout (spec differs from the KCP's).
     pub outdated: bool,
+    /// Why it is outdated (empty when up to date, or when a test sets only
+    /// `outdated`).
+    pub outdated_reasons: Vec<crate::rollout::OutdatedReason>,
     /// Its etcd member, from the mapping; `None`: no member (`--disable-etcd`,
     /// or its member never joined).
     pub etcd_member: Option<u64>,
@@ -204,6 +207,7 @@ impl MachineView {
             remediation_for: None,
             delete_requested: false,
             outdated: false,
+            outdated_reasons: Vec::new(),
             etcd_member: None,
             components_healthy: None,
             has_our_hook: false,

@@ -233,6 +233,24 @@ pub fn decide_scale_down(view: &ControlPlaneView) -> ScaleDownDecision {
             ),
         };
     };
+    removal_of(view, pick)
+}
+
+/// Decide removing one outdated Machine for a rollout: the same selection
+/// (outdated machines first), preflight and etcd plan as a scale-down, but
+/// without requiring more Machines than `replicas` (a rollout with maxSurge 0
+/// removes first).
+pub fn decide_outdated_removal(view: &ControlPlaneView) -> ScaleDownDecision {
+    match select_machine_for_scale_down(view).filter(|p| p.set != EligibleSet::All) {
+        Some(pick) => removal_of(view, pick),
+        None => ScaleDownDecision::Wait {
+            rule: ScaleDownRule::NotNeeded,
+            message: "no outdated machine to remove".into(),
+        },
+    }
+}
+
+fn removal_of(view: &ControlPlaneView, pick: ScaleDownPick) -> ScaleDownDecision {
     let deleting = view.deleting_machine_names();
     if !deleting.is_empty() {
         return ScaleDownDecision::Wait {

@@ -1,0 +1,52 @@
+//! Rollouts: which control-plane Machines are outdated and why
+//! ([`outdated`], with the spec each was made from recorded as a
+//! [`spec_hash`]), whether the control plane is settled enough to add or
+//! remove one ([`preflight`]), and the next step ([`decide`]). Pure: the
+//! controller maps API objects in and carries the step out with the same
+//! create and safe-removal steps as scaling and remediation.
+
+pub mod decide;
+pub mod outdated;
+pub mod preflight;
+pub mod spec_hash;
+
+use chrono::{DateTime, Utc};
+
+use crate::api::names::SPEC_HASH_ANNOTATION;
+use crate::api::{KThreesControlPlane, Machine};
+
+pub use decide::{RolloutDecision, RolloutStep, decide_rollout};
+pub use outdated::{Desired, MadeFrom, OutdatedReason, describe, outdated_reasons};
+pub use spec_hash::spec_hash;
+
+/// What `kcp` asks of every Machine now.
+pub fn desired(kcp: &KThreesControlPlane) -> Desired {
+    Desired {
+        version: kcp.spec.version.clone(),
+        spec_hash: spec_hash(kcp),
+        rollout_after: kcp
+            .spec
+            .rollout_after
+            .as_ref()
+            .map(crate::controller::world::to_chrono),
+    }
+}
+
+/// What `machine` was made from; `now` stands in for a missing creation time.
+pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
+    MadeFrom {
+        version: machine.spec.version.clone(),
+        spec_hash: machine
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SPEC_HASH_ANNOTATION))
+            .cloned(),
+        created: machine
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(crate::controller::world::to_chrono)
+            .unwrap_or(now),
+    }
+}

@@ -1,0 +1,238 @@
+//! Which control-plane Machines need a rollout, and why. Pure.
+//!
+//! A Machine is outdated when (as CAPI's KCP `UpToDate`):
+//! - its `spec.version` differs from the control plane's `spec.version`;
+//! - `spec.rolloutAfter` has passed and the Machine was created before it;
+//! - the spec it was made from (its recorded spec hash) differs from the
+//!   current one. A Machine without a record (made by another provider before
+//!   a migration) is not rolled for its spec: we cannot know what it was made
+//!   from, and replacing every server on adoption would be a surprise.
+
+use std::fmt;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+/// What the current spec asks of every Machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub version: String,
+    pub spec_hash: String,
+    pub rollout_after: Option<DateTime<Utc>>,
+}
+
+/// What a Machine was made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MadeFrom {
+    pub version: Option<String>,
+    /// The spec hash annotation; `None` when absent.
+    pub spec_hash: Option<String>,
+    pub created: DateTime<Utc>,
+}
+
+/// One reason a Machine needs a rollout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum OutdatedReason {
+    Version { has: Option<String>, wants: String },
+    RolloutAfter { at: DateTime<Utc> },
+    Spec { has: String, wants: String },
+}
+
+impl OutdatedReason {
+    /// A short, stable name for conditions and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutdatedReason::Version { .. } => "version",
+            OutdatedReason::RolloutAfter { .. } => "rolloutAfter",
+            OutdatedReason::Spec { .. } => "spec",
+        }
+    }
+}
+
+impl fmt::Display for OutdatedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutdatedReason::Version { has, wants } => write!(
+                f,
+                "version {} -> {wants}",
+                has.as_deref().unwrap_or("(none)")
+            ),
+            OutdatedReason::RolloutAfter { at } => write!(
+                f,
+                "rolloutAfter {} passed and the Machine is older",
+                at.to_rfc3339_opts(SecondsFormat::Secs, true)
+            ),
+            OutdatedReason::Spec { has, wants } => write!(
+                f,
+                "kthreesConfigSpec or infrastructure template changed (spec hash {has} -> {wants})"
+            ),
+        }
+    }
+}
+
+/// Every reason `machine` needs a rollout at `now`; empty: up to date.
+pub fn outdated_reasons(
+    desired: &Desired,
+    machine: &MadeFrom,
+    now: DateTime<Utc>,
+) -> Vec<OutdatedReason> {
+    let mut reasons = Vec::new();
+    if machine.version.as_deref() != Some(desired.version.as_str()) {
+        reasons.push(OutdatedReason::Version {
+            has: machine.version.clone(),
+            wants: desired.version.clone(),
+        });
+    }
+    if let Some(at) = desired.rollout_after
+        && at <= now
+        && machine.created < at
+    {
+        reasons.push(OutdatedReason::RolloutAfter { at });
+    }
+    if let Some(has) = &machine.spec_hash
+        && *has != desired.spec_hash
+    {
+        reasons.push(OutdatedReason::Spec {
+            has: has.clone(),
+            wants: desired.spec_hash.clone(),
+        });
+    }
+    reasons
+}
+
+/// Reasons as one line: "version v1.30.2+k3s2 -> v1.31.0+k3s1; ...".
+pub fn describe(reasons: &[OutdatedReason]) -> String {
+    reasons
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(h: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 6, 1, h, 0, 0).unwrap()
+    }
+
+    fn desired() -> Desired {
+        Desired {
+            version: "v1.31.0+k3s1".into(),
+            spec_hash: "aaaa".into(),
+            rollout_after: None,
+        }
+    }
+
+    fn made(version: &str, hash: Option<&str>, created: u32) -> MadeFrom {
+        MadeFrom {
+            version: Some(version.into()),
+            spec_hash: hash.map(str::to_string),
+            created: t(created),
+        }
+    }
+
+    fn kinds(reasons: &[OutdatedReason]) -> Vec<&'static str> {
+        reasons.iter().map(OutdatedReason::kind).collect()
+    }
+
+    #[test]
+    fn table() {
+        let with_after = |at: u32| Desired {
+            rollout_after: Some(t(at)),
+            ..desired()
+        };
+        let cases: Vec<(&str, Desired, MadeFrom, u32, Vec<&str>)> = vec![
+            (
+                "same_version_same_spec",
+                desired(),
+                made("v1.31.0+k3s1", Some("aaaa"), 1),
+                10,
+                vec![],
+            ),
+            (
+                "older_version",
+                desired(),
+                made("v1.30.2+k3s2", Some("aaaa"), 1),
+                10,
+                vec!["version"],
+            ),
+            (
+                "no_version_on_the_machine",
+                desired(),
+                MadeFrom {
+                    version: None,
+                    ..made("", Some("aaaa"), 1)
+                },
+                10,
+                vec!["version"],
+            ),
+            (
+                "spec_changed",
+                desired(),
+                made("v1.31.0+k3s1", Some("bbbb"), 1),
+                10,
+                vec!["spec"],
+            ),
+            (
+                "no_spec_record_is_not_rolled_for_its_spec",
+                desired(),
+                made("v1.31.0+k3s1", None, 1),
+                10,
+                vec![],
+            ),
+            (
+                "rollout_after_passed_machine_older",
+                with_after(5),
+                made("v1.31.0+k3s1", Some("aaaa"), 1),
+                10,
+                vec!["rolloutAfter"],
+            ),
+            (
+                "rollout_after_passed_machine_newer",
+                with_after(5),
+                made("v1.31.0+k3s1", Some("aaaa"), 6),
+                10,
+                vec![],
+            ),
+            (
+                "rollout_after_in_the_future",
+                with_after(12),
+                made("v1.31.0+k3s1", Some("aaaa"), 1),
+                10,
+                vec![],
+            ),
+            (
+                "everything_at_once",
+                with_after(5),
+                made("v1.30.2+k3s2", Some("bbbb"), 1),
+                10,
+                vec!["version", "rolloutAfter", "spec"],
+            ),
+        ];
+        for (name, desired, machine, now, want) in cases {
+            let got = outdated_reasons(&desired, &machine, t(now));
+            assert_eq!(kinds(&got), want, "{name}: {}", describe(&got));
+        }
+    }
+
+    #[test]
+    fn reasons_read_as_a_sentence() {
+        let got = outdated_reasons(
+            &Desired {
+                rollout_after: Some(t(5)),
+                ..desired()
+            },
+            &made("v1.30.2+k3s2", Some("bbbb"), 1),
+            t(10),
+        );
+        assert_eq!(
+            describe(&got),
+            "version v1.30.2+k3s2 -> v1.31.0+k3s1; rolloutAfter 2026-06-01T05:00:00Z passed and \
+             the Machine is older; kthreesConfigSpec or infrastructure template changed (spec hash bbbb -> aaaa)"
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! The hash of what a control-plane Machine is made from, recorded on it at
+//! creation ([`SPEC_HASH_ANNOTATION`](crate::api::names::SPEC_HASH_ANNOTATION))
+//! so a later spec change is seen as "made from something else" across restarts.
+//!
+//! Covered: `kthreesConfigSpec` (what the bootstrap provider renders into the
+//! server's cloud-init) and the infrastructure template's group, kind, name
+//! and namespace. Not covered, because they change in place
+//! (see [`crate::controller::sync_machines`]) or are compared on their own:
+//! `machineTemplate.metadata`, the node drain/volume detach/deletion timeouts,
+//! `version` and `rolloutAfter`. The infrastructure template's API *version*
+//! is left out too: serving the same template under a newer API version is
+//! not a new template.
+
+use ring::digest::{SHA256, digest};
+use serde_json::Value;
+
+use crate::api::KThreesControlPlane;
+
+/// Hex characters of the hash kept (64 bits: collisions between two specs of
+/// one control plane are not a practical concern).
+const HASH_LEN: usize = 16;
+
+/// The spec hash of `kcp`'s current Machine spec.
+pub fn spec_hash(kcp: &KThreesControlPlane) -> String {
+    let namespace = kcp.metadata.namespace.clone().unwrap_or_default();
+    let infra = kcp.spec.machine_template.infrastructure_ref.as_ref();
+    let group = infra
+        .and_then(|r| r.api_version.as_deref())
+        .map(|v| v.split_once('/').map(|(g, _)| g).unwrap_or(""))
+        .unwrap_or("");
+    let input = serde_json::json!({
+        "kthreesConfigSpec": serde_json::to_value(&kcp.spec.kthrees_config_spec)
+            .expect("a KThreesConfigSpec always serializes"),
+        "infrastructure": {
+            "group": group,
+            "kind": infra.and_then(|r| r.kind.as_deref()).unwrap_or(""),
+            "name": infra.and_then(|r| r.name.as_deref()).unwrap_or(""),
+            "namespace": infra.and_then(|r| r.namespace.clone()).unwrap_or(namespace),
+        },
+    });
+    hash_value(&input)
+}
+
+/// SHA-256 of the normalized JSON, hex, shortened.
+fn hash_value(value: &Value) -> String {
+    // serde_json's maps are sorted by key (no `preserve_order`), so the text
+    // is canonical once empty values are gone.
+    let text = normalize(value).map(|v| v.to_string()).unwrap_or_default();
+    let sum = digest(&SHA256, text.as_bytes());
+    sum.as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..HASH_LEN]
+        .to_string()
+}
+
+/// Drop nulls, empty strings, lists and objects, recursively: `files: []`
+/// and no `files` render the same server, so they must not differ here.
+fn normalize(value: &Value) -> Option<Value> {
+    match value {
+        Value::Null => None,
+        Value::String(s) if s.is_empty() => None,
+        Value::Array(items) => {
+            let items: Vec<Value> = items.iter().filter_map(normalize).collect();
+            (!items.is_empty()).then_some(Value::Array(items))
+        }
+        Value::Object(map) => {
+            let map: serde_json::Map<String, Value> = map
+                .iter()
+                .filter_map(|(k, v)| normalize(v).map(|v| (k.clone(), v)))
+                .collect();
+            (!map.is_empty()).then_some(Value::Object(map))
+        }
+        other => Some(other.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn kcp(spec: Value) -> KThreesControlPlane {
+        let mut base = json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
+                     "machineTemplate": {"infrastructureRef": {
+                         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                         "kind": "DockerMachineTemplate", "name": "t"}},
+                     "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}}}
+        });
+        merge(&mut base["spec"], spec);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(into: &mut Value, patch: Value) {
+        match (into, patch) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
+    fn base() -> String {
+        spec_hash(&kcp(json!({})))
+    }
+
+    #[test]
+    fn the_hash_is_stable_and_short() {
+        assert_eq!(base(), base());
+        assert_eq!(base().len(), HASH_LEN);
+        assert!(base().chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn changes_that_need_new_servers_change_the_hash() {
+        for (what, change) in [
+            (
+                "server config",
+                json!({"kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik", "servicelb"]}}}),
+            ),
+            (
+                "agent config",
+                json!({"kthreesConfigSpec": {"agentConfig": {"nodeLabels": ["tier=cp"]}}}),
+            ),
+            (
+                "template name",
+                json!({"machineTemplate": {"infrastructureRef": {"name": "t2"}}}),
+            ),
+            (
+                "template kind",
+                json!({"machineTemplate": {"infrastructureRef": {"kind": "AWSMachineTemplate"}}}),
+            ),
+            (
+                "template group",
+                json!({"machineTemplate": {"infrastructureRef": {"apiVersion": "infrastructure.example.com/v1"}}}),
+            ),
+            (
+                "template namespace",
+                json!({"machineTemplate": {"infrastructureRef": {"namespace": "other"}}}),
+            ),
+        ] {
+            assert_ne!(
+                spec_hash(&kcp(change)),
+                base(),
+                "{what} must change the hash"
+            );
+        }
+    }
+
+    #[test]
+    fn in_place_and_separately_compared_fields_leave_the_hash_alone() {
+        for (what, change) in [
+            ("version", json!({"version": "v1.31.0+k3s1"})),
+            ("replicas", json!({"replicas": 5})),
+            (
+                "rolloutAfter",
+                json!({"rolloutAfter": "2026-01-01T00:00:00Z"}),
+            ),
+            (
+                "template metadata",
+                json!({"machineTemplate": {"metadata": {"labels": {"a": "b"}}}}),
+            ),
+            (
+                "drain timeout",
+                json!({"machineTemplate": {"nodeDrainTimeout": "10m"}}),
+            ),
+            (
+                "template API version",
+                json!({"machineTemplate": {"infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2"}}}),
+            ),
+            (
+                "explicit namespace equal to the control plane's",
+                json!({"machineTemplate": {"infrastructureRef": {"namespace": "ns"}}}),
+            ),
+            (
+                "empty lists and strings",
+                json!({"kthreesConfigSpec": {"files": [], "preK3sCommands": [], "version": ""}}),
+            ),
+            (
+                "maxSurge",
+                json!({"rolloutStrategy": {"rollingUpdate": {"maxSurge": 0}}}),
+            ),
+        ] {
+            assert_eq!(
+                spec_hash(&kcp(change)),
+                base(),
+                "{what} must not change the hash"
+            );
+        }
+    }
+}
