@@ -63,7 +63,12 @@ fn surged(view: &mut ControlPlaneView) -> &mut MachineView {
     view.machines.last_mut().unwrap()
 }
 
-type Case = (&'static str, u32, fn(&mut ControlPlaneView), Option<&'static str>);
+type Case = (
+    &'static str,
+    u32,
+    fn(&mut ControlPlaneView),
+    Option<&'static str>,
+);
 
 fn cases() -> Vec<Case> {
     vec![
@@ -81,7 +86,12 @@ fn cases() -> Vec<Case> {
             },
             None,
         ),
-        ("settled_with_max_surge_1_creates_first", 1, |_| {}, Some("rollout.surge")),
+        (
+            "settled_with_max_surge_1_creates_first",
+            1,
+            |_| {},
+            Some("rollout.surge"),
+        ),
         (
             "surge_machine_without_node_waits",
             1,
@@ -260,7 +270,11 @@ fn waits_name_the_machine_or_member_they_wait_for() {
     let d = decide_rollout(&view, 1).unwrap();
     assert!(d.message.contains("node-cp-4-00000004"), "{}", d.message);
     assert_eq!(d.step, RolloutStep::Wait { progress: true });
-    assert!(d.message.contains("2 of 4 machines outdated"), "{}", d.message);
+    assert!(
+        d.message.contains("2 of 4 machines outdated"),
+        "{}",
+        d.message
+    );
 
     let mut view = three();
     view.machines.truncate(1);
@@ -269,7 +283,8 @@ fn waits_name_the_machine_or_member_they_wait_for() {
     let d = decide_rollout(&view, 0).unwrap();
     assert_eq!(d.step, RolloutStep::Wait { progress: false });
     assert!(
-        d.message.contains("needs at least 3 healthy voters (1 healthy)"),
+        d.message
+            .contains("needs at least 3 healthy voters (1 healthy)"),
         "{}",
         d.message
     );

@@ -200,6 +200,25 @@ pub async fn act(
         }
         Step::Wait { .. } | Step::Done => return Ok(outcome),
     }
+    if plan.rule.starts_with("rollout.remove")
+        && let Some(view) = plan.view.machine(&removal.machine)
+    {
+        // One Event per replaced Machine, saying why it is replaced.
+        publish_about(
+            ctx,
+            kcp,
+            EventType::Normal,
+            "RollingOutMachine",
+            &format!(
+                "replacing outdated Machine {}: {} ({})",
+                removal.machine,
+                crate::rollout::describe(&view.outdated_reasons),
+                plan.rule
+            ),
+            Some(machine_ref(&namespace, &removal.machine)),
+        )
+        .await;
+    }
     let note = describe(removal, step, plan, outcome.created.as_deref());
     // Related to the Machine being removed, so that every removal's Events form
     // their own series (the recorder folds Events of one reason and related object).

@@ -21,6 +21,7 @@ pub const SCALING_UP: &str = "ScalingUp";
 pub const SCALING_DOWN: &str = "ScalingDown";
 pub const DELETING: &str = "Deleting";
 pub const PAUSED: &str = "Paused";
+pub const ROLLING_OUT: &str = "RollingOut";
 
 /// A condition's value before it is stamped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +77,10 @@ pub struct Replicas {
     pub available: i32,
     pub up_to_date: i32,
     pub not_ready: Vec<String>,
+    /// Each outdated Machine not deleting, with its reasons.
     pub outdated: Vec<String>,
+    /// Outdated Machines not deleting yet: what the rollout still replaces.
+    pub rolling_out: i32,
 }
 
 /// Count the Machines of `world`.
@@ -85,17 +89,21 @@ pub fn replicas(world: &World) -> Replicas {
         desired: world.kcp.desired_replicas(),
         ..Replicas::default()
     };
+    let desired = crate::rollout::desired(&world.kcp);
     for m in &world.machines {
         let name = m.metadata.name.clone().unwrap_or_default();
-        let up_to_date = m.spec.version.as_deref() == Some(world.kcp.spec.version.as_str());
-        if up_to_date {
+        let reasons = crate::rollout::outdated_reasons(
+            &desired,
+            &crate::rollout::made_from(m, world.now),
+            world.now,
+        );
+        if reasons.is_empty() {
             r.up_to_date += 1;
-        } else {
-            r.outdated.push(format!(
-                "{name} ({} wanted, has {})",
-                world.kcp.spec.version,
-                m.spec.version.as_deref().unwrap_or("none")
-            ));
+        } else if !m.is_deleting() {
+            // A deleting Machine is on its way out: nothing left to roll.
+            r.rolling_out += 1;
+            r.outdated
+                .push(format!("{name} ({})", crate::rollout::describe(&reasons)));
         }
         if m.is_deleting() {
             continue;
@@ -297,6 +305,27 @@ pub fn contract_conditions(
         .filter(|p| matches!(p.action, Action::Wait))
         .map(|p| format!("; {} ({})", p.message, p.rule))
         .unwrap_or_default();
+    out.push(if r.rolling_out > 0 {
+        let next = plan
+            .map(|p| format!("; next: {} ({})", p.message, p.rule))
+            .unwrap_or_default();
+        value(
+            ROLLING_OUT,
+            Some(true),
+            "RollingOut",
+            format!(
+                "rolling out {} not up-to-date replicas (maxSurge {}): {}{next}",
+                r.rolling_out,
+                world
+                    .kcp
+                    .max_surge()
+                    .map_or_else(|| "invalid".to_string(), |n| n.to_string()),
+                r.outdated.join(", ")
+            ),
+        )
+    } else {
+        value(ROLLING_OUT, Some(false), "NotRollingOut", "")
+    });
     let deleting_now = matches!(lifecycle, Lifecycle::Delete { .. });
     out.push(if r.live < r.desired && !deleting_now {
         value(

@@ -235,6 +235,15 @@ async fn settle_lifecycle(
 fn wait_event(rule: &str) -> (EventType, &'static str) {
     if rule == "scale-up.waiting-for-initialization" {
         (EventType::Normal, "WaitingForInitialization")
+    } else if let Some(check) = rule.strip_prefix("rollout.") {
+        // A Machine coming or going is progress; anything else blocks.
+        let progress =
+            crate::rollout::preflight::Check::from_name(check).is_some_and(|c| c.is_progress());
+        if progress {
+            (EventType::Normal, "RollingOutWaiting")
+        } else {
+            (EventType::Warning, "RolloutBlocked")
+        }
     } else if rule.starts_with("scale-up.") {
         // One Machine at a time: waiting for the last one is ordinary progress.
         (EventType::Normal, "ScalingUpWaiting")

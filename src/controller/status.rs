@@ -23,6 +23,8 @@ use crate::lifecycle::Lifecycle;
 pub const ETCD_CLUSTER_HEALTHY: &str = "EtcdClusterHealthy";
 pub const ETCD_MEMBER_HEALTHY: &str = "EtcdMemberHealthy";
 pub const SPEC_VALID: &str = "SpecValid";
+/// A Machine's condition: made from the current spec (CAPI v1beta2).
+pub const UP_TO_DATE: &str = "UpToDate";
 
 fn condition(
     type_: &str,
@@ -328,6 +330,21 @@ pub fn machine_conditions(world: &World, plan: &Plan, machine: &Machine) -> Mach
                 generation,
             ),
         });
+    }
+    if let Some(view) = view {
+        // CAPI v1beta2: the owner of a Machine reports whether it is up to date.
+        out.set
+            .push(if view.outdated_reasons.is_empty() && !view.outdated {
+                condition(UP_TO_DATE, Some(true), "UpToDate", "", generation)
+            } else {
+                condition(
+                    UP_TO_DATE,
+                    Some(false),
+                    "NotUpToDate",
+                    crate::rollout::describe(&view.outdated_reasons),
+                    generation,
+                )
+            });
     }
     if plan.remediation.cleanup_owner_remediated.contains(&name) {
         out.remove.push(OWNER_REMEDIATED_CONDITION);

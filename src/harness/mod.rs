@@ -8,6 +8,7 @@ pub mod capi_sim;
 pub mod etcd;
 pub mod infra_sim;
 pub mod pki;
+pub mod rollout;
 pub mod sandbox;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};

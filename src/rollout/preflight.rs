@@ -21,6 +21,21 @@ pub enum Check {
 }
 
 impl Check {
+    pub const ALL: [Check; 7] = [
+        Check::MachineDeleting,
+        Check::MachineProvisioning,
+        Check::NodeNotReady,
+        Check::EtcdUnreachable,
+        Check::EtcdLearner,
+        Check::EtcdMemberUnhealthy,
+        Check::ReplacementNotVoter,
+    ];
+
+    /// The check a rule suffix (`rollout.<check>`, `scale-up.<check>`) names.
+    pub fn from_name(name: &str) -> Option<Check> {
+        Check::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Check::MachineDeleting => "machine-deleting",

@@ -309,6 +309,8 @@ pub struct Sample {
     /// Tracked member names missing from the membership.
     pub missing: Vec<String>,
     pub leader: Option<u64>,
+    /// Healthy voters and voters.
+    pub healthy_voters: (usize, usize),
 }
 
 /// Watches the world concurrently with the controller, as fast as it can,
@@ -347,6 +349,10 @@ impl Observer {
                         .cloned()
                         .collect(),
                     leader: snap.leader,
+                    healthy_voters: {
+                        let a = snap.assess_cluster();
+                        (a.healthy, a.voters)
+                    },
                 });
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
