@@ -2,7 +2,9 @@
 //! validator, the CRD's own CEL rules evaluated client-side (kube's `cel`
 //! feature, kube-cel), and, when `KUBECONFIG` points at a cluster, the API server.
 
-use k3s_control_plane::api::kcp::{KThreesControlPlaneMachineTemplate, RemediationStrategy};
+use k3s_control_plane::api::kcp::{
+    KThreesControlPlaneMachineTemplate, RemediationStrategy, VERSION_MAX_LENGTH,
+};
 use k3s_control_plane::api::refs::GoDuration;
 use k3s_control_plane::api::validate::Rule;
 use k3s_control_plane::api::{KThreesControlPlane, KThreesControlPlaneSpec, validate_kcp};
@@ -39,6 +41,19 @@ fn strategy(kcp: &mut KThreesControlPlane) -> &mut RemediationStrategy {
     kcp.spec
         .remediation_strategy
         .get_or_insert_with(Default::default)
+}
+
+/// A version of exactly `VERSION_MAX_LENGTH` characters that the pattern accepts.
+const LONGEST_VERSION: &str = "v999999999.999999999.999999999-abcdefghijklmnopqrst+k3s999999999";
+
+#[test]
+fn longest_accepted_version_is_the_schema_max_length() {
+    assert_eq!(LONGEST_VERSION.len(), VERSION_MAX_LENGTH);
+    let schema = crd_schema();
+    assert_eq!(
+        schema["properties"]["spec"]["properties"]["version"]["maxLength"],
+        VERSION_MAX_LENGTH
+    );
 }
 
 type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
@@ -86,6 +101,29 @@ fn cases() -> Vec<Case> {
         (
             "version_without_leading_v",
             |k| k.spec.version = "1.30.2+k3s2".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            // The longest version the pattern accepts is exactly the schema's
+            // maxLength, so maxLength never rejects a version the rules accept.
+            "version_of_max_length",
+            |k| k.spec.version = LONGEST_VERSION.into(),
+            &[],
+        ),
+        (
+            "prerelease_tag_over_twenty_characters",
+            |k| k.spec.version = "v1.31.0-abcdefghijklmnopqrstu+k3s1".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            "version_number_over_nine_digits",
+            |k| k.spec.version = "v1.1000000000.0+k3s1".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            // Rust's `\d` would match a fullwidth digit; the API server's RE2 does not.
+            "version_with_non_ascii_digit",
+            |k| k.spec.version = "v1.3\u{ff10}.2+k3s2".into(),
             &[Rule::VersionFormat],
         ),
         (

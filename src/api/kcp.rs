@@ -13,7 +13,23 @@ use super::conditions::V1Beta1Condition;
 use super::refs::{GoDuration, TemplateMeta};
 
 /// k3s release versions: `v1.30.2+k3s2`, pre-releases `v1.31.0-rc1+k3s1`.
-pub const K3S_VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?\+k3s\d+$";
+///
+/// ASCII digits only (`\d` is Unicode in Rust's regex but ASCII in the API
+/// server's RE2), at most 9 per number (so every number fits CEL's `int` and a
+/// `u32`), and a pre-release tag of at most 20 characters: the longest match
+/// is [`VERSION_MAX_LENGTH`] characters, so the schema's `maxLength` never
+/// rejects what the pattern accepts.
+pub const K3S_VERSION_PATTERN: &str =
+    r"^v[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}(-[0-9A-Za-z.-]{1,20})?\+k3s[0-9]{1,9}$";
+
+/// `maxLength` of `spec.version`. The API server's CEL cost estimate needs a
+/// bound on the string to accept the `split`/`substring` of the transition rules.
+pub const VERSION_MAX_LENGTH: usize = 64;
+
+/// `pattern` as a single-quoted CEL string literal.
+fn cel_string(pattern: &str) -> String {
+    format!("'{}'", pattern.replace('\\', "\\\\").replace('\'', "\\'"))
+}
 
 /// Desired state of a k3s control plane.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -52,7 +68,8 @@ pub struct KThreesControlPlaneSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("spec.replicas: must be at least 1"))]
     pub replicas: Option<i32>,
     /// Desired k3s version, e.g. `v1.30.2+k3s2`.
-    #[x_kube(validation = Rule::new(r"self.matches('^v\\d+\\.\\d+\\.\\d+(-[0-9A-Za-z.-]+)?\\+k3s\\d+$')").message("spec.version: must look like v1.30.2+k3s2"))]
+    #[schemars(length(max = VERSION_MAX_LENGTH))]
+    #[x_kube(validation = Rule::new(format!("self.matches({})", cel_string(K3S_VERSION_PATTERN))).message("spec.version: must look like v1.30.2+k3s2"))]
     pub version: String,
     /// k3s configuration for every control-plane machine.
     #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
