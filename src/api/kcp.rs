@@ -31,6 +31,67 @@ fn cel_string(pattern: &str) -> String {
     format!("'{}'", pattern.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
+/// CEL for the precedence of the k3s version in the CEL string `v`, as
+/// [`super::validate::K3sVersion`] orders it: major, minor, patch, k3s revision,
+/// then 1 for a release and 0 for a pre-release. Only sound once `v` matched
+/// [`K3S_VERSION_PATTERN`]: the pre-release tag may hold `.` and `-` but never
+/// `+`, and only the tag holds `-`. There is no `let` in the CEL of a 1.28 API
+/// server (nor `cel.bind` in kube-cel), so the rules spell each part out.
+fn version_cel_parts(v: &str) -> [String; 5] {
+    [
+        format!("int({v}.split('.')[0].substring(1))"),
+        format!("int({v}.split('.')[1])"),
+        format!("int({v}.split('.')[2].split('-')[0].split('+')[0])"),
+        format!("int({v}.split('+k3s')[1])"),
+        format!("({v}.contains('-') ? 0 : 1)"),
+    ]
+}
+
+/// CEL: the tuple `a` sorts before `b`.
+fn cel_tuple_less(a: &[String], b: &[String]) -> String {
+    match (a, b) {
+        ([x], [y]) => format!("{x} < {y}"),
+        ([x, a @ ..], [y, b @ ..]) => {
+            format!("({x} != {y} ? {x} < {y} : {})", cel_tuple_less(a, b))
+        }
+        _ => unreachable!("tuples of one length"),
+    }
+}
+
+/// CEL guard of the transition rules: both versions parse. Otherwise they pass,
+/// and the format rule reports a bad new version (an old one is history).
+fn cel_both_versions_parse() -> String {
+    let pattern = cel_string(K3S_VERSION_PATTERN);
+    format!("!self.matches({pattern}) || !oldSelf.matches({pattern})")
+}
+
+/// `spec.version` transition rule: no downgrade (`validate::Rule::VersionNoDowngrade`).
+fn version_no_downgrade_rule() -> kube::core::Rule {
+    let less = cel_tuple_less(&version_cel_parts("self"), &version_cel_parts("oldSelf"));
+    kube::core::Rule::new(format!("{} || !{less}", cel_both_versions_parse())).message(
+        kube::core::Message::Expression(
+            "'spec.version: cannot downgrade from ' + oldSelf + ' to ' + self".into(),
+        ),
+    )
+}
+
+/// `spec.version` transition rule: at most one minor up, same major
+/// (`validate::Rule::VersionNoMinorSkip`). A lower major is a downgrade and
+/// left to the downgrade rule, so one change breaks one rule.
+fn version_no_minor_skip_rule() -> kube::core::Rule {
+    let [new_major, new_minor, ..] = version_cel_parts("self");
+    let [old_major, old_minor, ..] = version_cel_parts("oldSelf");
+    kube::core::Rule::new(format!(
+        "{} || ({new_major} == {old_major} ? {new_minor} <= {old_minor} + 1 : {new_major} < {old_major})",
+        cel_both_versions_parse()
+    ))
+    .message(kube::core::Message::Expression(format!(
+        "{new_major} == {old_major} \
+         ? 'spec.version: cannot skip a minor version: ' + oldSelf + ' to ' + self + ' (upgrade to v' + string({old_major}) + '.' + string({old_minor} + 1) + ' first)' \
+         : 'spec.version: cannot change the major version: ' + oldSelf + ' to ' + self"
+    )))
+}
+
 /// Desired state of a k3s control plane.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -67,9 +128,12 @@ pub struct KThreesControlPlaneSpec {
     #[schemars(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.replicas: must be at least 1"))]
     pub replicas: Option<i32>,
-    /// Desired k3s version, e.g. `v1.30.2+k3s2`.
+    /// Desired k3s version, e.g. `v1.30.2+k3s2`. On UPDATE it may not go down
+    /// nor skip a minor version.
     #[schemars(length(max = VERSION_MAX_LENGTH))]
     #[x_kube(validation = Rule::new(format!("self.matches({})", cel_string(K3S_VERSION_PATTERN))).message("spec.version: must look like v1.30.2+k3s2"))]
+    #[x_kube(validation = version_no_downgrade_rule())]
+    #[x_kube(validation = version_no_minor_skip_rule())]
     pub version: String,
     /// k3s configuration for every control-plane machine.
     #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
