@@ -162,6 +162,8 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::InfrastructureRefRequired => "infrastructureRef",
             Rule::MaxRetryNotNegative => ">= 0",
             Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",
+            Rule::MaxSurgeZeroOrOne => "string(self) in ['0', '1']",
+            Rule::RolloutTypeRollingUpdate => "'RollingUpdate'",
             Rule::VersionNoDowngrade => "oldSelf.contains('-')",
             Rule::VersionNoMinorSkip => "+ 1",
         };

@@ -14,6 +14,7 @@ use k3s_control_plane::api::{
     validate_kcp_update,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResourceExt;
 use serde_json::Value;
 
@@ -59,6 +60,22 @@ fn longest_accepted_version_is_the_schema_max_length() {
         schema["properties"]["spec"]["properties"]["version"]["maxLength"],
         VERSION_MAX_LENGTH
     );
+}
+
+fn max_surge(kcp: &mut KThreesControlPlane, value: IntOrString) {
+    kcp.spec
+        .rollout_strategy
+        .get_or_insert_with(Default::default)
+        .rolling_update
+        .get_or_insert_with(Default::default)
+        .max_surge = Some(value);
+}
+
+fn rollout_type(kcp: &mut KThreesControlPlane, value: &str) {
+    kcp.spec
+        .rollout_strategy
+        .get_or_insert_with(Default::default)
+        .type_ = Some(value.into());
 }
 
 type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
@@ -216,6 +233,66 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         (
+            "empty_rollout_strategy",
+            |k| k.spec.rollout_strategy = Some(Default::default()),
+            &[],
+        ),
+        (
+            "rolling_update_type",
+            |k| rollout_type(k, "RollingUpdate"),
+            &[],
+        ),
+        (
+            "other_rollout_type",
+            |k| rollout_type(k, "Other"),
+            &[Rule::RolloutTypeRollingUpdate],
+        ),
+        (
+            "empty_rollout_type",
+            |k| rollout_type(k, ""),
+            &[Rule::RolloutTypeRollingUpdate],
+        ),
+        ("max_surge_0", |k| max_surge(k, IntOrString::Int(0)), &[]),
+        ("max_surge_1", |k| max_surge(k, IntOrString::Int(1)), &[]),
+        (
+            "max_surge_2",
+            |k| max_surge(k, IntOrString::Int(2)),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_minus_1",
+            |k| max_surge(k, IntOrString::Int(-1)),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_string_0",
+            |k| max_surge(k, IntOrString::String("0".into())),
+            &[],
+        ),
+        (
+            "max_surge_string_1",
+            |k| max_surge(k, IntOrString::String("1".into())),
+            &[],
+        ),
+        (
+            "max_surge_percentage",
+            |k| max_surge(k, IntOrString::String("50%".into())),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_string_with_space",
+            |k| max_surge(k, IntOrString::String(" 1".into())),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_2_with_other_type",
+            |k| {
+                rollout_type(k, "Other");
+                max_surge(k, IntOrString::Int(2));
+            },
+            &[Rule::RolloutTypeRollingUpdate, Rule::MaxSurgeZeroOrOne],
+        ),
+        (
             "several_problems_at_once",
             |k| {
                 k.spec.version = "latest".into();
@@ -259,6 +336,69 @@ fn validator_rejects_each_bad_object_naming_object_and_field() {
             }
         }
     }
+}
+
+#[test]
+fn max_surge_verdicts_are_what_the_controller_reads() {
+    // The validator accepts exactly what max_surge() can act on.
+    for (name, mutate, broken) in cases() {
+        let kcp = object(mutate);
+        assert_eq!(
+            kcp.max_surge().is_none(),
+            broken.contains(&Rule::MaxSurgeZeroOrOne),
+            "{name}: max_surge() = {:?}",
+            kcp.max_surge()
+        );
+    }
+    let err = validate_kcp(&object(|k| max_surge(k, IntOrString::String("50%".into()))))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        r#"team-a/cp: spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1 (got "50%")"#
+    );
+}
+
+/// The template kind shares `RolloutStrategy`, so its CRD refuses the same
+/// rollout strategies (its messages name the KThreesControlPlane's field).
+#[test]
+fn template_crd_has_the_rollout_strategy_rules() {
+    let crd = k3s_control_plane::api::KThreesControlPlaneTemplate::crd();
+    let schema = serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap();
+    let validator = kube::core::cel::Validator::new();
+    let template = |strategy: Value| {
+        serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KThreesControlPlaneTemplate",
+            "metadata": {"name": "t", "namespace": "team-a"},
+            "spec": {"template": {"spec": {"rolloutStrategy": strategy}}}
+        })
+    };
+    let verdict = |strategy: Value| -> Vec<String> {
+        match validator.validate(&schema, &template(strategy), None) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    };
+    assert_eq!(
+        verdict(serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        verdict(serde_json::json!({"rollingUpdate": {"maxSurge": "50%"}})),
+        ["spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"]
+    );
+    assert_eq!(
+        verdict(serde_json::json!({"type": "Other"})),
+        ["spec.rolloutStrategy.type: must be RollingUpdate"]
+    );
 }
 
 #[test]

@@ -177,24 +177,32 @@ pub struct KThreesControlPlaneMachineTemplate {
 }
 
 /// How outdated control-plane machines are replaced, as CAPI's KCP spells it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStrategy {
     /// Only `RollingUpdate` exists.
+    // A CEL rule, not a schema enum: CEL evaluated client-side (kube-cel)
+    // ignores `enum`, and the verdicts must match the API server's.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == 'RollingUpdate'").message("spec.rolloutStrategy.type: must be RollingUpdate"))]
     pub type_: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
 }
 
 /// `rolloutStrategy.rollingUpdate`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
     /// Machines created above `replicas` during a rollout: 0 (remove an
     /// outdated machine first, needs 3 healthy voters) or 1 (the default:
-    /// create the replacement first).
+    /// create the replacement first). The strings "0" and "1" are taken as
+    /// the numbers; percentages are refused.
+    // The strings as `KThreesControlPlane::max_surge` reads them (CEL: `string`
+    // of an int is its digits; kube-cel has no `type()`). A percentage
+    // of a handful of control-plane machines would round to 0 or 1 anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("string(self) in ['0', '1']").message("spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"))]
     pub max_surge: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 }
 

@@ -11,6 +11,7 @@
 use std::fmt;
 use std::sync::LazyLock;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use regex::Regex;
 
@@ -37,6 +38,10 @@ pub enum Rule {
     RetryPeriodDuration,
     /// `spec.remediationStrategy.minHealthyPeriod` is a non-negative Go duration.
     MinHealthyPeriodDuration,
+    /// `spec.rolloutStrategy.rollingUpdate.maxSurge` is 0 or 1 (or `"0"`/`"1"`).
+    MaxSurgeZeroOrOne,
+    /// `spec.rolloutStrategy.type`, if set, is `RollingUpdate`.
+    RolloutTypeRollingUpdate,
     /// UPDATE only: `spec.version` does not go below the old one (see [`K3sVersion`]).
     VersionNoDowngrade,
     /// UPDATE only: `spec.version` moves at most one minor version up and keeps
@@ -45,7 +50,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 11] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
@@ -53,6 +58,8 @@ impl Rule {
         Rule::MaxRetryNotNegative,
         Rule::RetryPeriodDuration,
         Rule::MinHealthyPeriodDuration,
+        Rule::MaxSurgeZeroOrOne,
+        Rule::RolloutTypeRollingUpdate,
         Rule::VersionNoDowngrade,
         Rule::VersionNoMinorSkip,
     ];
@@ -68,6 +75,8 @@ impl Rule {
             Rule::MaxRetryNotNegative => "spec.remediationStrategy.maxRetry",
             Rule::RetryPeriodDuration => "spec.remediationStrategy.retryPeriod",
             Rule::MinHealthyPeriodDuration => "spec.remediationStrategy.minHealthyPeriod",
+            Rule::MaxSurgeZeroOrOne => "spec.rolloutStrategy.rollingUpdate.maxSurge",
+            Rule::RolloutTypeRollingUpdate => "spec.rolloutStrategy.type",
         }
     }
 
@@ -195,6 +204,32 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
             if let Some(message) = value.as_ref().and_then(duration_problem) {
                 fail(rule, message);
             }
+        }
+    }
+
+    if let Some(strategy) = &spec.rollout_strategy {
+        if let Some(kind) = strategy.type_.as_deref().filter(|t| *t != "RollingUpdate") {
+            fail(
+                Rule::RolloutTypeRollingUpdate,
+                format!("must be RollingUpdate (got {kind:?})"),
+            );
+        }
+        // max_surge() is what the controller acts on: None is exactly "not 0 or 1".
+        if let (None, Some(surge)) = (
+            kcp.max_surge(),
+            strategy
+                .rolling_update
+                .as_ref()
+                .and_then(|r| r.max_surge.as_ref()),
+        ) {
+            let got = match surge {
+                IntOrString::Int(n) => n.to_string(),
+                IntOrString::String(s) => format!("{s:?}"),
+            };
+            fail(
+                Rule::MaxSurgeZeroOrOne,
+                format!("must be 0 or 1 (got {got})"),
+            );
         }
     }
 
