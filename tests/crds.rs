@@ -128,10 +128,13 @@ fn cel_rules(schema: &Value, out: &mut Vec<(String, String)>) {
         Value::Object(map) => {
             if let Some(Value::Array(rules)) = map.get("x-kubernetes-validations") {
                 for r in rules {
-                    out.push((
-                        r["rule"].as_str().unwrap_or_default().to_owned(),
-                        r["message"].as_str().unwrap_or_default().to_owned(),
-                    ));
+                    // A messageExpression is CEL; its messages are string literals.
+                    let message = match (r["message"].as_str(), r["messageExpression"].as_str()) {
+                        (Some(m), _) => m.to_owned(),
+                        (None, Some(e)) => e.to_owned(),
+                        (None, None) => String::new(),
+                    };
+                    out.push((r["rule"].as_str().unwrap_or_default().to_owned(), message));
                 }
             }
             for v in map.values() {
@@ -159,10 +162,15 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::InfrastructureRefRequired => "infrastructureRef",
             Rule::MaxRetryNotNegative => ">= 0",
             Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",
+            Rule::MaxSurgeZeroOrOne => "string(self) in ['0', '1']",
+            Rule::RolloutTypeRollingUpdate => "'RollingUpdate'",
+            Rule::VersionNoDowngrade => "oldSelf.contains('-')",
+            Rule::VersionNoMinorSkip => "+ 1",
         };
+        let names_field = |m: &str| m.starts_with(&prefix) || m.contains(&format!("'{prefix}"));
         let matching: Vec<_> = rules
             .iter()
-            .filter(|(r, m)| m.starts_with(&prefix) && r.contains(expected_fragment))
+            .filter(|(r, m)| names_field(m) && r.contains(expected_fragment))
             .collect();
         assert!(
             !matching.is_empty(),
@@ -179,6 +187,13 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
     );
     let version = cel_escaped(k3s_control_plane::api::kcp::K3S_VERSION_PATTERN);
     assert!(rules.iter().any(|(r, _)| r == &version), "{version}");
+    // Transition rules are exactly the ones that read oldSelf.
+    let transition = Rule::ALL.iter().filter(|r| r.is_transition()).count();
+    assert_eq!(
+        rules.iter().filter(|(r, _)| r.contains("oldSelf")).count(),
+        transition,
+        "{rules:#?}"
+    );
 
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["required"], serde_json::json!(["version"]));

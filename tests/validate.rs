@@ -1,12 +1,20 @@
 //! The KThreesControlPlane rules, three ways on the same objects: the Rust
 //! validator, the CRD's own CEL rules evaluated client-side (kube's `cel`
 //! feature, kube-cel), and, when `KUBECONFIG` points at a cluster, the API server.
+//! A second table does the same for `spec.version` changes on UPDATE (the
+//! transition rules, CEL `oldSelf`).
 
-use k3s_control_plane::api::kcp::{KThreesControlPlaneMachineTemplate, RemediationStrategy};
+use k3s_control_plane::api::kcp::{
+    KThreesControlPlaneMachineTemplate, RemediationStrategy, VERSION_MAX_LENGTH,
+};
 use k3s_control_plane::api::refs::GoDuration;
 use k3s_control_plane::api::validate::Rule;
-use k3s_control_plane::api::{KThreesControlPlane, KThreesControlPlaneSpec, validate_kcp};
+use k3s_control_plane::api::{
+    KThreesControlPlane, KThreesControlPlaneSpec, check_version_change, validate_kcp,
+    validate_kcp_update,
+};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResourceExt;
 use serde_json::Value;
 
@@ -39,6 +47,35 @@ fn strategy(kcp: &mut KThreesControlPlane) -> &mut RemediationStrategy {
     kcp.spec
         .remediation_strategy
         .get_or_insert_with(Default::default)
+}
+
+/// A version of exactly `VERSION_MAX_LENGTH` characters that the pattern accepts.
+const LONGEST_VERSION: &str = "v999999999.999999999.999999999-abcdefghijklmnopqrst+k3s999999999";
+
+#[test]
+fn longest_accepted_version_is_the_schema_max_length() {
+    assert_eq!(LONGEST_VERSION.len(), VERSION_MAX_LENGTH);
+    let schema = crd_schema();
+    assert_eq!(
+        schema["properties"]["spec"]["properties"]["version"]["maxLength"],
+        VERSION_MAX_LENGTH
+    );
+}
+
+fn max_surge(kcp: &mut KThreesControlPlane, value: IntOrString) {
+    kcp.spec
+        .rollout_strategy
+        .get_or_insert_with(Default::default)
+        .rolling_update
+        .get_or_insert_with(Default::default)
+        .max_surge = Some(value);
+}
+
+fn rollout_type(kcp: &mut KThreesControlPlane, value: &str) {
+    kcp.spec
+        .rollout_strategy
+        .get_or_insert_with(Default::default)
+        .type_ = Some(value.into());
 }
 
 type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
@@ -86,6 +123,29 @@ fn cases() -> Vec<Case> {
         (
             "version_without_leading_v",
             |k| k.spec.version = "1.30.2+k3s2".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            // The longest version the pattern accepts is exactly the schema's
+            // maxLength, so maxLength never rejects a version the rules accept.
+            "version_of_max_length",
+            |k| k.spec.version = LONGEST_VERSION.into(),
+            &[],
+        ),
+        (
+            "prerelease_tag_over_twenty_characters",
+            |k| k.spec.version = "v1.31.0-abcdefghijklmnopqrstu+k3s1".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            "version_number_over_nine_digits",
+            |k| k.spec.version = "v1.1000000000.0+k3s1".into(),
+            &[Rule::VersionFormat],
+        ),
+        (
+            // Rust's `\d` would match a fullwidth digit; the API server's RE2 does not.
+            "version_with_non_ascii_digit",
+            |k| k.spec.version = "v1.3\u{ff10}.2+k3s2".into(),
             &[Rule::VersionFormat],
         ),
         (
@@ -173,6 +233,66 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         (
+            "empty_rollout_strategy",
+            |k| k.spec.rollout_strategy = Some(Default::default()),
+            &[],
+        ),
+        (
+            "rolling_update_type",
+            |k| rollout_type(k, "RollingUpdate"),
+            &[],
+        ),
+        (
+            "other_rollout_type",
+            |k| rollout_type(k, "Other"),
+            &[Rule::RolloutTypeRollingUpdate],
+        ),
+        (
+            "empty_rollout_type",
+            |k| rollout_type(k, ""),
+            &[Rule::RolloutTypeRollingUpdate],
+        ),
+        ("max_surge_0", |k| max_surge(k, IntOrString::Int(0)), &[]),
+        ("max_surge_1", |k| max_surge(k, IntOrString::Int(1)), &[]),
+        (
+            "max_surge_2",
+            |k| max_surge(k, IntOrString::Int(2)),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_minus_1",
+            |k| max_surge(k, IntOrString::Int(-1)),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_string_0",
+            |k| max_surge(k, IntOrString::String("0".into())),
+            &[],
+        ),
+        (
+            "max_surge_string_1",
+            |k| max_surge(k, IntOrString::String("1".into())),
+            &[],
+        ),
+        (
+            "max_surge_percentage",
+            |k| max_surge(k, IntOrString::String("50%".into())),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_string_with_space",
+            |k| max_surge(k, IntOrString::String(" 1".into())),
+            &[Rule::MaxSurgeZeroOrOne],
+        ),
+        (
+            "max_surge_2_with_other_type",
+            |k| {
+                rollout_type(k, "Other");
+                max_surge(k, IntOrString::Int(2));
+            },
+            &[Rule::RolloutTypeRollingUpdate, Rule::MaxSurgeZeroOrOne],
+        ),
+        (
             "several_problems_at_once",
             |k| {
                 k.spec.version = "latest".into();
@@ -216,6 +336,69 @@ fn validator_rejects_each_bad_object_naming_object_and_field() {
             }
         }
     }
+}
+
+#[test]
+fn max_surge_verdicts_are_what_the_controller_reads() {
+    // The validator accepts exactly what max_surge() can act on.
+    for (name, mutate, broken) in cases() {
+        let kcp = object(mutate);
+        assert_eq!(
+            kcp.max_surge().is_none(),
+            broken.contains(&Rule::MaxSurgeZeroOrOne),
+            "{name}: max_surge() = {:?}",
+            kcp.max_surge()
+        );
+    }
+    let err = validate_kcp(&object(|k| max_surge(k, IntOrString::String("50%".into()))))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        r#"team-a/cp: spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1 (got "50%")"#
+    );
+}
+
+/// The template kind shares `RolloutStrategy`, so its CRD refuses the same
+/// rollout strategies (its messages name the KThreesControlPlane's field).
+#[test]
+fn template_crd_has_the_rollout_strategy_rules() {
+    let crd = k3s_control_plane::api::KThreesControlPlaneTemplate::crd();
+    let schema = serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap();
+    let validator = kube::core::cel::Validator::new();
+    let template = |strategy: Value| {
+        serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KThreesControlPlaneTemplate",
+            "metadata": {"name": "t", "namespace": "team-a"},
+            "spec": {"template": {"spec": {"rolloutStrategy": strategy}}}
+        })
+    };
+    let verdict = |strategy: Value| -> Vec<String> {
+        match validator.validate(&schema, &template(strategy), None) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    };
+    assert_eq!(
+        verdict(serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        verdict(serde_json::json!({"rollingUpdate": {"maxSurge": "50%"}})),
+        ["spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"]
+    );
+    assert_eq!(
+        verdict(serde_json::json!({"type": "Other"})),
+        ["spec.rolloutStrategy.type: must be RollingUpdate"]
+    );
 }
 
 #[test]
@@ -287,18 +470,18 @@ fn crd_cel_rules_give_the_same_verdicts_as_the_validator() {
     }
 }
 
-/// Against a real API server, when `KUBECONFIG` is set: install the CRD, create
-/// each object, and expect rejection naming the field exactly for bad ones.
-#[tokio::test]
-async fn api_server_rejects_the_same_objects() {
+/// The real API server of `KUBECONFIG` with our KThreesControlPlane CRD applied
+/// and established, in namespace `default`; `None` (saying why) without one.
+async fn api_server(test: &str) -> Option<kube::Api<KThreesControlPlane>> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::runtime::wait::{await_condition, conditions};
+
     if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!("skipped: KUBECONFIG is not set, no real API server to ask");
-        return;
+        eprintln!("{test} skipped: KUBECONFIG is not set, no real API server to ask");
+        return None;
     }
     k3s_control_plane::install_crypto_provider();
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-
     let client = kube::Client::try_default()
         .await
         .expect("client from KUBECONFIG");
@@ -307,23 +490,33 @@ async fn api_server_rejects_the_same_objects() {
         .into_iter()
         .find(|c| c.spec.names.kind == "KThreesControlPlane")
         .unwrap();
+    let crd_name = crd.metadata.name.clone().unwrap();
     crds.patch(
-        crd.metadata.name.as_deref().unwrap(),
+        &crd_name,
         &PatchParams::apply("k3s-control-plane-tests").force(),
         &Patch::Apply(&crd),
     )
     .await
     .expect("apply CRD");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let api: Api<KThreesControlPlane> = Api::namespaced(client, "default");
-    // Wait until the CRD is served.
-    while api.list(&Default::default()).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "CRD not served within 30s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    // Watched, not polled: returns as soon as the CRD is Established.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        await_condition(crds, &crd_name, conditions::is_crd_established()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("CRD {crd_name} not established within 30s"))
+    .expect("watch CRD");
+    Some(Api::namespaced(client, "default"))
+}
+
+/// Against a real API server, when `KUBECONFIG` is set: install the CRD, create
+/// each object, and expect rejection naming the field exactly for bad ones.
+#[tokio::test]
+async fn api_server_rejects_the_same_objects() {
+    use kube::api::{DeleteParams, PostParams};
+    let Some(api) = api_server("api_server_rejects_the_same_objects").await else {
+        return;
+    };
     for (i, (name, mutate, broken)) in cases().into_iter().enumerate() {
         let mut kcp = object(mutate);
         kcp.metadata.namespace = Some("default".into());
@@ -350,6 +543,302 @@ async fn api_server_rejects_the_same_objects() {
                         rule.field(),
                         status.message
                     );
+                }
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+/// One `spec.version` change on UPDATE: name, old version, new version, the
+/// rules the new object breaks.
+type UpdateCase = (&'static str, &'static str, &'static str, &'static [Rule]);
+
+fn update_cases() -> Vec<UpdateCase> {
+    use Rule::{VersionFormat, VersionNoDowngrade as Down, VersionNoMinorSkip as Skip};
+    vec![
+        ("same_version", "v1.30.2+k3s2", "v1.30.2+k3s2", &[]),
+        ("patch_upgrade", "v1.30.2+k3s2", "v1.30.5+k3s1", &[]),
+        ("k3s_revision_bump", "v1.30.2+k3s1", "v1.30.2+k3s2", &[]),
+        ("one_minor_upgrade", "v1.30.9+k3s2", "v1.31.0+k3s1", &[]),
+        // Numbers compare as numbers, not text.
+        ("minor_9_to_10", "v1.9.3+k3s1", "v1.10.0+k3s1", &[]),
+        ("minor_skip", "v1.30.2+k3s2", "v1.32.0+k3s1", &[Skip]),
+        ("patch_downgrade", "v1.30.5+k3s1", "v1.30.2+k3s2", &[Down]),
+        ("patch_10_to_9", "v1.30.10+k3s1", "v1.30.9+k3s1", &[Down]),
+        ("minor_downgrade", "v1.31.0+k3s1", "v1.30.9+k3s3", &[Down]),
+        (
+            "k3s_revision_downgrade",
+            "v1.30.2+k3s2",
+            "v1.30.2+k3s1",
+            &[Down],
+        ),
+        (
+            "k3s_revision_10_to_9",
+            "v1.30.2+k3s10",
+            "v1.30.2+k3s9",
+            &[Down],
+        ),
+        (
+            "prerelease_to_its_release",
+            "v1.31.0-rc1+k3s1",
+            "v1.31.0+k3s1",
+            &[],
+        ),
+        (
+            "release_to_its_prerelease",
+            "v1.31.0+k3s1",
+            "v1.31.0-rc1+k3s1",
+            &[Down],
+        ),
+        // Pre-release tags are not ordered: same numbers, no downgrade.
+        (
+            "prerelease_tag_back",
+            "v1.31.0-rc2+k3s1",
+            "v1.31.0-rc1+k3s1",
+            &[],
+        ),
+        (
+            "prerelease_tag_with_dots",
+            "v1.31.0-rc.1+k3s1",
+            "v1.31.0-rc.2+k3s1",
+            &[],
+        ),
+        (
+            "release_to_next_revision_prerelease",
+            "v1.31.0+k3s1",
+            "v1.31.0-rc1+k3s2",
+            &[],
+        ),
+        (
+            "prerelease_of_next_minor",
+            "v1.30.2+k3s2",
+            "v1.31.0-rc1+k3s1",
+            &[],
+        ),
+        (
+            "prerelease_downgrade_by_patch",
+            "v1.31.1-rc1+k3s1",
+            "v1.31.0+k3s1",
+            &[Down],
+        ),
+        (
+            "prerelease_two_minors_up",
+            "v1.30.2+k3s2",
+            "v1.32.0-rc1+k3s1",
+            &[Skip],
+        ),
+        ("major_upgrade", "v1.30.2+k3s2", "v2.0.0+k3s1", &[Skip]),
+        (
+            "major_upgrade_next_minor",
+            "v1.30.2+k3s2",
+            "v2.31.0+k3s1",
+            &[Skip],
+        ),
+        // A lower major is a downgrade, reported once as that.
+        ("major_downgrade", "v2.0.0+k3s1", "v1.30.2+k3s2", &[Down]),
+        // A bad new version is the format rule's alone, even against a newer old one.
+        (
+            "to_unparseable",
+            "v1.31.0+k3s1",
+            "v1.30.2",
+            &[VersionFormat],
+        ),
+        // An old version the pattern no longer takes (written before it
+        // tightened) is not compared. The API server cannot be given one.
+        ("from_unparseable", "v1.31.0", "v1.29.0+k3s1", &[]),
+    ]
+}
+
+fn with_version(version: &str) -> KThreesControlPlane {
+    let mut kcp = good();
+    kcp.spec.version = version.into();
+    kcp
+}
+
+fn sorted(mut rules: Vec<Rule>) -> Vec<Rule> {
+    rules.sort_by_key(|r| format!("{r:?}"));
+    rules
+}
+
+#[test]
+fn validator_checks_version_changes_on_update_only() {
+    for (name, from, to, broken) in update_cases() {
+        let (old, new) = (with_version(from), with_version(to));
+        let got = match validate_kcp_update(&old, &new) {
+            Ok(()) => Vec::new(),
+            Err(errors) => {
+                for e in &errors.0 {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with("team-a/cp: spec.version: "),
+                        "{name}: {text}"
+                    );
+                    if e.rule.is_transition() {
+                        assert!(
+                            e.message.contains(from) && e.message.contains(to),
+                            "{name}: {text} does not name both versions"
+                        );
+                    }
+                }
+                sorted(errors.rules())
+            }
+        };
+        assert_eq!(got, sorted(broken.to_vec()), "{name}");
+
+        // The bare check agrees, and displays as the CEL message does.
+        let transition: Vec<Rule> = broken
+            .iter()
+            .copied()
+            .filter(|r| r.is_transition())
+            .collect();
+        match check_version_change(from, to) {
+            Ok(()) => assert!(transition.is_empty(), "{name}: passed, want {transition:?}"),
+            Err(e) => {
+                assert_eq!(vec![e.rule], transition, "{name}: {e}");
+                assert_eq!(e.to_string(), format!("spec.version: {}", e.message));
+            }
+        }
+
+        // Without an old object no transition rule runs.
+        if let Err(errors) = validate_kcp(&new) {
+            assert!(
+                !errors.rules().iter().any(|r| r.is_transition()),
+                "{name}: validate_kcp ran a transition rule: {errors}"
+            );
+        }
+    }
+}
+
+#[test]
+fn version_change_messages_say_what_to_do() {
+    let skip = check_version_change("v1.30.2+k3s2", "v1.32.0+k3s1").unwrap_err();
+    assert_eq!(
+        skip.to_string(),
+        "spec.version: cannot skip a minor version: v1.30.2+k3s2 to v1.32.0+k3s1 (upgrade to v1.31 first)"
+    );
+    let down = check_version_change("v1.31.2+k3s1", "v1.30.2+k3s2").unwrap_err();
+    assert_eq!(
+        down.to_string(),
+        "spec.version: cannot downgrade from v1.31.2+k3s1 to v1.30.2+k3s2"
+    );
+    let major = check_version_change("v1.30.2+k3s2", "v2.0.0+k3s1").unwrap_err();
+    assert_eq!(
+        major.to_string(),
+        "spec.version: cannot change the major version: v1.30.2+k3s2 to v2.0.0+k3s1"
+    );
+}
+
+#[test]
+fn crd_transition_rules_give_the_same_verdicts_and_messages_as_the_validator() {
+    let schema = crd_schema();
+    let validator = kube::core::cel::Validator::new();
+    for (name, from, to, broken) in update_cases() {
+        let (old, new) = (with_version(from), with_version(to));
+        let old_value = serde_json::to_value(&old).unwrap();
+        let new_value = serde_json::to_value(&new).unwrap();
+
+        // On create (no old object) the transition rules do not run.
+        let created = validator.validate(&schema, &new_value, None);
+        assert_eq!(
+            created.is_err(),
+            validate_kcp(&new).is_err(),
+            "{name}: create: CEL says {created:?}"
+        );
+
+        let cel = match validator.validate(&schema, &new_value, Some(&old_value)) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.into_vec(),
+        };
+        for e in &cel {
+            assert!(
+                matches!(e.kind, kube::core::cel::ErrorKind::ValidationFailure),
+                "{name}: CEL rule did not evaluate cleanly: {e} ({:?})",
+                e.kind
+            );
+        }
+        let rust = validate_kcp_update(&old, &new)
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        let cel_fields: Vec<&str> = cel
+            .iter()
+            .map(|e| {
+                let rules = rule_of_cel_message(&e.message);
+                assert!(!rules.is_empty(), "{name}: CEL message names no field: {e}");
+                rules[0].field()
+            })
+            .collect();
+        let rust_fields: Vec<&str> = rust.iter().map(|e| e.field()).collect();
+        assert_eq!(
+            cel_fields, rust_fields,
+            "{name}: CEL {cel:?}, validator {rust:?}"
+        );
+        assert_eq!(rust.len(), broken.len(), "{name}: {rust:?}");
+        // A transition rule's CEL message is the validator's, word for word.
+        for e in rust.iter().filter(|e| e.rule.is_transition()) {
+            let want = format!("{}: {}", e.field(), e.message);
+            assert!(
+                cel.iter().any(|c| c.message == want),
+                "{name}: no CEL message {want:?} in {cel:?}"
+            );
+        }
+    }
+}
+
+/// Against a real API server, when `KUBECONFIG` is set: create each old object,
+/// patch in the new version, and expect the same verdicts, the message naming
+/// the field and both versions.
+#[tokio::test]
+async fn api_server_checks_the_same_version_changes() {
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    let Some(api) = api_server("api_server_checks_the_same_version_changes").await else {
+        return;
+    };
+    for (i, (name, from, to, broken)) in update_cases().into_iter().enumerate() {
+        let mut old = with_version(from);
+        if validate_kcp(&old).is_err() {
+            eprintln!(
+                "{name} skipped on the API server: it cannot be given the old version {from:?}"
+            );
+            continue;
+        }
+        let object = format!("version-change-{i}");
+        old.metadata.namespace = Some("default".into());
+        old.metadata.name = Some(object.clone());
+        // A leftover from an interrupted run would make create fail.
+        let _ = api.delete(&object, &DeleteParams::default()).await;
+        api.create(&PostParams::default(), &old)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: create with {from}: {e}"));
+        let patch = serde_json::json!({"spec": {"version": to}});
+        let result = api
+            .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        let _ = api.delete(&object, &DeleteParams::default()).await;
+        match result {
+            Ok(_) => assert!(
+                broken.is_empty(),
+                "{name}: API server accepted {from} -> {to}, want {broken:?}"
+            ),
+            Err(kube::Error::Api(status)) => {
+                assert!(!broken.is_empty(), "{name}: rejected: {}", status.message);
+                assert!(
+                    status.message.contains("spec.version"),
+                    "{name}: {}",
+                    status.message
+                );
+                if broken.iter().any(|r| r.is_transition()) {
+                    let rust =
+                        validate_kcp_update(&with_version(from), &with_version(to)).unwrap_err();
+                    for e in rust.0.iter().filter(|e| e.rule.is_transition()) {
+                        assert!(
+                            status.message.contains(&e.message),
+                            "{name}: {:?} not in {:?}",
+                            e.message,
+                            status.message
+                        );
+                    }
                 }
             }
             Err(e) => panic!("{name}: {e}"),

@@ -13,7 +13,84 @@ use super::conditions::V1Beta1Condition;
 use super::refs::{GoDuration, TemplateMeta};
 
 /// k3s release versions: `v1.30.2+k3s2`, pre-releases `v1.31.0-rc1+k3s1`.
-pub const K3S_VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?\+k3s\d+$";
+///
+/// ASCII digits only (`\d` is Unicode in Rust's regex but ASCII in the API
+/// server's RE2), at most 9 per number (so every number fits CEL's `int` and a
+/// `u32`), and a pre-release tag of at most 20 characters: the longest match
+/// is [`VERSION_MAX_LENGTH`] characters, so the schema's `maxLength` never
+/// rejects what the pattern accepts.
+pub const K3S_VERSION_PATTERN: &str =
+    r"^v[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}(-[0-9A-Za-z.-]{1,20})?\+k3s[0-9]{1,9}$";
+
+/// `maxLength` of `spec.version`. The API server's CEL cost estimate needs a
+/// bound on the string to accept the `split`/`substring` of the transition rules.
+pub const VERSION_MAX_LENGTH: usize = 64;
+
+/// `pattern` as a single-quoted CEL string literal.
+fn cel_string(pattern: &str) -> String {
+    format!("'{}'", pattern.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// CEL for the precedence of the k3s version in the CEL string `v`, as
+/// [`super::validate::K3sVersion`] orders it: major, minor, patch, k3s revision,
+/// then 1 for a release and 0 for a pre-release. Only sound once `v` matched
+/// [`K3S_VERSION_PATTERN`]: the pre-release tag may hold `.` and `-` but never
+/// `+`, and only the tag holds `-`. There is no `let` in the CEL of a 1.28 API
+/// server (nor `cel.bind` in kube-cel), so the rules spell each part out.
+fn version_cel_parts(v: &str) -> [String; 5] {
+    [
+        format!("int({v}.split('.')[0].substring(1))"),
+        format!("int({v}.split('.')[1])"),
+        format!("int({v}.split('.')[2].split('-')[0].split('+')[0])"),
+        format!("int({v}.split('+k3s')[1])"),
+        format!("({v}.contains('-') ? 0 : 1)"),
+    ]
+}
+
+/// CEL: the tuple `a` sorts before `b`.
+fn cel_tuple_less(a: &[String], b: &[String]) -> String {
+    match (a, b) {
+        ([x], [y]) => format!("{x} < {y}"),
+        ([x, a @ ..], [y, b @ ..]) => {
+            format!("({x} != {y} ? {x} < {y} : {})", cel_tuple_less(a, b))
+        }
+        _ => unreachable!("tuples of one length"),
+    }
+}
+
+/// CEL guard of the transition rules: both versions parse. Otherwise they pass,
+/// and the format rule reports a bad new version (an old one is history).
+fn cel_both_versions_parse() -> String {
+    let pattern = cel_string(K3S_VERSION_PATTERN);
+    format!("!self.matches({pattern}) || !oldSelf.matches({pattern})")
+}
+
+/// `spec.version` transition rule: no downgrade (`validate::Rule::VersionNoDowngrade`).
+fn version_no_downgrade_rule() -> kube::core::Rule {
+    let less = cel_tuple_less(&version_cel_parts("self"), &version_cel_parts("oldSelf"));
+    kube::core::Rule::new(format!("{} || !{less}", cel_both_versions_parse())).message(
+        kube::core::Message::Expression(
+            "'spec.version: cannot downgrade from ' + oldSelf + ' to ' + self".into(),
+        ),
+    )
+}
+
+/// `spec.version` transition rule: at most one minor up, same major
+/// (`validate::Rule::VersionNoMinorSkip`). A lower major is a downgrade and
+/// left to the downgrade rule, so one change breaks one rule.
+fn version_no_minor_skip_rule() -> kube::core::Rule {
+    let [new_major, new_minor, ..] = version_cel_parts("self");
+    let [old_major, old_minor, ..] = version_cel_parts("oldSelf");
+    kube::core::Rule::new(format!(
+        "{} || ({new_major} == {old_major} ? {new_minor} <= {old_minor} + 1 : {new_major} < {old_major})",
+        cel_both_versions_parse()
+    ))
+    .message(kube::core::Message::Expression(format!(
+        "{new_major} == {old_major} \
+         ? 'spec.version: cannot skip a minor version: ' + oldSelf + ' to ' + self + ' (upgrade to v' + string({old_major}) + '.' + string({old_minor} + 1) + ' first)' \
+         : 'spec.version: cannot change the major version: ' + oldSelf + ' to ' + self"
+    )))
+}
 
 /// Desired state of a k3s control plane.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -51,8 +128,12 @@ pub struct KThreesControlPlaneSpec {
     #[schemars(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.replicas: must be at least 1"))]
     pub replicas: Option<i32>,
-    /// Desired k3s version, e.g. `v1.30.2+k3s2`.
-    #[x_kube(validation = Rule::new(r"self.matches('^v\\d+\\.\\d+\\.\\d+(-[0-9A-Za-z.-]+)?\\+k3s\\d+$')").message("spec.version: must look like v1.30.2+k3s2"))]
+    /// Desired k3s version, e.g. `v1.30.2+k3s2`. On UPDATE it may not go down
+    /// nor skip a minor version.
+    #[schemars(length(max = VERSION_MAX_LENGTH))]
+    #[x_kube(validation = Rule::new(format!("self.matches({})", cel_string(K3S_VERSION_PATTERN))).message("spec.version: must look like v1.30.2+k3s2"))]
+    #[x_kube(validation = version_no_downgrade_rule())]
+    #[x_kube(validation = version_no_minor_skip_rule())]
     pub version: String,
     /// k3s configuration for every control-plane machine.
     #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
@@ -96,24 +177,32 @@ pub struct KThreesControlPlaneMachineTemplate {
 }
 
 /// How outdated control-plane machines are replaced, as CAPI's KCP spells it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStrategy {
     /// Only `RollingUpdate` exists.
+    // A CEL rule, not a schema enum: CEL evaluated client-side (kube-cel)
+    // ignores `enum`, and the verdicts must match the API server's.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == 'RollingUpdate'").message("spec.rolloutStrategy.type: must be RollingUpdate"))]
     pub type_: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
 }
 
 /// `rolloutStrategy.rollingUpdate`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
     /// Machines created above `replicas` during a rollout: 0 (remove an
     /// outdated machine first, needs 3 healthy voters) or 1 (the default:
-    /// create the replacement first).
+    /// create the replacement first). The strings "0" and "1" are taken as
+    /// the numbers; percentages are refused.
+    // The strings as `KThreesControlPlane::max_surge` reads them (CEL: `string`
+    // of an int is its digits; kube-cel has no `type()`). A percentage
+    // of a handful of control-plane machines would round to 0 or 1 anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("string(self) in ['0', '1']").message("spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"))]
     pub max_surge: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 }
 

@@ -22,4 +22,6 @@ pub use machine::Machine;
 pub use mhc::MachineHealthCheck;
 pub use remediation_data::RemediationData;
 pub use template::KThreesControlPlaneTemplate;
-pub use validate::{ValidationError, ValidationErrors, validate_kcp};
+pub use validate::{
+    ValidationError, ValidationErrors, check_version_change, validate_kcp, validate_kcp_update,
+};

@@ -2,10 +2,16 @@
 //! (see [`super::kcp`]), but the controller must not trust that the installed CRD
 //! is ours or current, so it runs [`validate_kcp`] on every reconcile and refuses
 //! to act on an object that breaks a rule.
+//!
+//! Two rules are transition rules: they compare `spec.version` with the old
+//! object's (CEL `oldSelf`), so the API server runs them on UPDATE only, and so
+//! does [`validate_kcp_update`]; [`validate_kcp`] has no old object and skips
+//! them. [`check_version_change`] is the same check on two bare versions.
 
 use std::fmt;
 use std::sync::LazyLock;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use regex::Regex;
 
@@ -32,10 +38,19 @@ pub enum Rule {
     RetryPeriodDuration,
     /// `spec.remediationStrategy.minHealthyPeriod` is a non-negative Go duration.
     MinHealthyPeriodDuration,
+    /// `spec.rolloutStrategy.rollingUpdate.maxSurge` is 0 or 1 (or `"0"`/`"1"`).
+    MaxSurgeZeroOrOne,
+    /// `spec.rolloutStrategy.type`, if set, is `RollingUpdate`.
+    RolloutTypeRollingUpdate,
+    /// UPDATE only: `spec.version` does not go below the old one (see [`K3sVersion`]).
+    VersionNoDowngrade,
+    /// UPDATE only: `spec.version` moves at most one minor version up and keeps
+    /// the major version.
+    VersionNoMinorSkip,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 7] = [
+    pub const ALL: [Rule; 11] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
@@ -43,18 +58,31 @@ impl Rule {
         Rule::MaxRetryNotNegative,
         Rule::RetryPeriodDuration,
         Rule::MinHealthyPeriodDuration,
+        Rule::MaxSurgeZeroOrOne,
+        Rule::RolloutTypeRollingUpdate,
+        Rule::VersionNoDowngrade,
+        Rule::VersionNoMinorSkip,
     ];
 
     /// JSON path of the field the rule is about.
     pub fn field(self) -> &'static str {
         match self {
-            Rule::VersionFormat => "spec.version",
+            Rule::VersionFormat | Rule::VersionNoDowngrade | Rule::VersionNoMinorSkip => {
+                "spec.version"
+            }
             Rule::ReplicasAtLeastOne | Rule::ReplicasOddWithEmbeddedEtcd => "spec.replicas",
             Rule::InfrastructureRefRequired => "spec.machineTemplate.infrastructureRef",
             Rule::MaxRetryNotNegative => "spec.remediationStrategy.maxRetry",
             Rule::RetryPeriodDuration => "spec.remediationStrategy.retryPeriod",
             Rule::MinHealthyPeriodDuration => "spec.remediationStrategy.minHealthyPeriod",
+            Rule::MaxSurgeZeroOrOne => "spec.rolloutStrategy.rollingUpdate.maxSurge",
+            Rule::RolloutTypeRollingUpdate => "spec.rolloutStrategy.type",
         }
+    }
+
+    /// Whether the rule compares with the old object (UPDATE only).
+    pub fn is_transition(self) -> bool {
+        matches!(self, Rule::VersionNoDowngrade | Rule::VersionNoMinorSkip)
     }
 }
 
@@ -108,9 +136,9 @@ impl ValidationErrors {
     }
 }
 
-/// Check every rule; `Err` lists all that are broken.
+/// Check every rule but the transition rules; `Err` lists all that are broken.
 pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
-    let object = format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any());
+    let object = object_name(kcp);
     let mut errors = Vec::new();
     let mut fail = |rule: Rule, message: String| {
         errors.push(ValidationError {
@@ -179,6 +207,32 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
         }
     }
 
+    if let Some(strategy) = &spec.rollout_strategy {
+        if let Some(kind) = strategy.type_.as_deref().filter(|t| *t != "RollingUpdate") {
+            fail(
+                Rule::RolloutTypeRollingUpdate,
+                format!("must be RollingUpdate (got {kind:?})"),
+            );
+        }
+        // max_surge() is what the controller acts on: None is exactly "not 0 or 1".
+        if let (None, Some(surge)) = (
+            kcp.max_surge(),
+            strategy
+                .rolling_update
+                .as_ref()
+                .and_then(|r| r.max_surge.as_ref()),
+        ) {
+            let got = match surge {
+                IntOrString::Int(n) => n.to_string(),
+                IntOrString::String(s) => format!("{s:?}"),
+            };
+            fail(
+                Rule::MaxSurgeZeroOrOne,
+                format!("must be 0 or 1 (got {got})"),
+            );
+        }
+    }
+
     if errors.is_empty() {
         Ok(())
     } else {
@@ -186,10 +240,178 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
     }
 }
 
+/// [`validate_kcp`] on `new` plus the transition rules from `old` to `new`:
+/// what the API server checks on UPDATE.
+pub fn validate_kcp_update(
+    old: &KThreesControlPlane,
+    new: &KThreesControlPlane,
+) -> Result<(), ValidationErrors> {
+    let mut errors = match validate_kcp(new) {
+        Ok(()) => Vec::new(),
+        Err(ValidationErrors(errors)) => errors,
+    };
+    // An unparseable version is VersionFormat's alone: the check passes it.
+    if let Err(e) = check_version_change(&old.spec.version, &new.spec.version) {
+        errors.push(ValidationError {
+            object: object_name(new),
+            rule: e.rule,
+            message: e.message,
+        });
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ValidationErrors(errors))
+    }
+}
+
+/// A k3s version, as the transition rules order it.
+///
+/// Precedence is the field order: major, minor, patch, k3s revision (`+k3sN`),
+/// then a release above a pre-release of the same numbers (`v1.31.0+k3s1` >
+/// `v1.31.0-rc2+k3s1`). Pre-release tags are not ordered among themselves:
+/// `-rc1` and `-rc2` of the same numbers compare equal, so moving between them
+/// either way is no downgrade. The CRD's CEL rules take the version apart the
+/// same way (see `kcp::version_cel_parts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct K3sVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+    /// `N` of `+k3sN`.
+    pub k3s: u32,
+    /// No pre-release tag.
+    pub release: bool,
+}
+
+impl K3sVersion {
+    /// `None` unless `version` matches [`K3S_VERSION_PATTERN`] (whose numbers
+    /// have at most 9 digits, so they always fit).
+    pub fn parse(version: &str) -> Option<K3sVersion> {
+        if !K3S_VERSION.is_match(version) {
+            return None;
+        }
+        let (core, k3s) = version.split_once("+k3s")?;
+        let (numbers, release) = match core.split_once('-') {
+            Some((numbers, _tag)) => (numbers, false),
+            None => (core, true),
+        };
+        let mut numbers = numbers.strip_prefix('v')?.split('.').map(str::parse);
+        Some(K3sVersion {
+            major: numbers.next()?.ok()?,
+            minor: numbers.next()?.ok()?,
+            patch: numbers.next()?.ok()?,
+            k3s: k3s.parse().ok()?,
+            release,
+        })
+    }
+}
+
+/// A `spec.version` change the transition rules forbid. Displays as
+/// `spec.version: <message>`, the CRD's CEL message, naming both versions.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", rule.field())]
+pub struct VersionChangeError {
+    /// [`Rule::VersionNoDowngrade`] or [`Rule::VersionNoMinorSkip`].
+    pub rule: Rule,
+    /// Without the field, as in [`ValidationError::message`].
+    pub message: String,
+}
+
+/// Whether the k3s version may go from `from` to `to`: no downgrade (see
+/// [`K3sVersion`] for the order), no minor version skipped and no major version
+/// change. A downgrade is reported as that even when it also changes the major
+/// version. Passes when either version does not parse: that is
+/// [`Rule::VersionFormat`]'s to report, once. No allocation unless it fails.
+pub fn check_version_change(from: &str, to: &str) -> Result<(), VersionChangeError> {
+    let (Some(old), Some(new)) = (K3sVersion::parse(from), K3sVersion::parse(to)) else {
+        return Ok(());
+    };
+    let (rule, message) = if new < old {
+        (
+            Rule::VersionNoDowngrade,
+            format!("cannot downgrade from {from} to {to}"),
+        )
+    } else if new.major != old.major {
+        (
+            Rule::VersionNoMinorSkip,
+            format!("cannot change the major version: {from} to {to}"),
+        )
+    } else if new.minor > old.minor + 1 {
+        (
+            Rule::VersionNoMinorSkip,
+            format!(
+                "cannot skip a minor version: {from} to {to} (upgrade to v{}.{} first)",
+                old.major,
+                old.minor + 1
+            ),
+        )
+    } else {
+        return Ok(());
+    };
+    Err(VersionChangeError { rule, message })
+}
+
+fn object_name(kcp: &KThreesControlPlane) -> String {
+    format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any())
+}
+
 fn duration_problem(d: &GoDuration) -> Option<String> {
     match d.parse() {
         Err(e) => Some(format!("must be a duration like 0s, 30m or 1h30m: {e}")),
         Ok(p) if p.is_negative() => Some(format!("must not be negative (got {:?})", d.0)),
         Ok(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_into_the_parts_the_cel_rules_read() {
+        let v = |major, minor, patch, k3s, release| K3sVersion {
+            major,
+            minor,
+            patch,
+            k3s,
+            release,
+        };
+        assert_eq!(
+            K3sVersion::parse("v1.30.2+k3s2"),
+            Some(v(1, 30, 2, 2, true))
+        );
+        assert_eq!(
+            K3sVersion::parse("v1.31.0-rc.1-x+k3s10"),
+            Some(v(1, 31, 0, 10, false))
+        );
+        assert_eq!(
+            K3sVersion::parse("v999999999.0.0+k3s999999999"),
+            Some(v(999_999_999, 0, 0, 999_999_999, true))
+        );
+        for bad in [
+            "",
+            "v1.30.2",
+            "1.30.2+k3s2",
+            "v1.30+k3s1",
+            "v1.30.2+k3s",
+            "v1.30.2-+k3s1",
+        ] {
+            assert_eq!(K3sVersion::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_release_ranks_above_its_pre_releases_which_tie() {
+        let p = |s| K3sVersion::parse(s).unwrap();
+        assert!(p("v1.31.0-rc9+k3s1") < p("v1.31.0+k3s1"));
+        assert!(p("v1.31.0+k3s1") < p("v1.31.0-rc1+k3s2"));
+        assert_eq!(p("v1.31.0-rc1+k3s1"), p("v1.31.0-rc2+k3s1"));
+    }
+
+    #[test]
+    fn unparseable_versions_are_left_to_the_format_rule() {
+        assert_eq!(check_version_change("v1.31.0+k3s1", "latest"), Ok(()));
+        assert_eq!(check_version_change("latest", "v1.20.0+k3s1"), Ok(()));
     }
 }
