@@ -39,6 +39,17 @@ pub const REMEDIATION_IN_PROGRESS_ANNOTATION: &str =
 /// On a replacement Machine: which remediation sequence it belongs to
 /// ([`crate::api::RemediationData`] JSON).
 pub const REMEDIATION_FOR_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/remediation-for";
+/// On a control-plane Machine: which `machineTemplate.metadata` keys and
+/// `spec.deletion` fields we propagated to it (and to its infrastructure object
+/// and KThreesConfig), and a hash of their values. Lets a removed template key
+/// be removed again without touching anyone else's, and a matching record skip
+/// the sync without reading those objects. JSON, see `controller::sync_machines`.
+pub const SYNCED_METADATA_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/kthrees-synced-metadata";
+/// Written by us on an infrastructure clone: the template it came from.
+pub const CLONED_FROM_NAME_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from-name";
+/// Written by us on an infrastructure clone: the template's `<Kind>.<group>`.
+pub const CLONED_FROM_GROUPKIND_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from-groupkind";
 /// Set by a user on a Machine to ask for its remediation first.
 pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
 /// Set by a user on a Machine to prefer it on scale-down.

@@ -195,7 +195,9 @@ pub async fn create_machine(
         .controller_owner_ref(&())
         .ok_or_else(|| precondition(format!("{object}: metadata.uid is not set yet")))?;
     let name = machine_name(&kcp_name);
-    let labels = control_plane_labels(&cluster, &kcp_name);
+    // Born in sync (see sync_machines): template metadata on all three objects.
+    let born = super::sync_machines::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
+    let labels = born.labels.clone();
 
     let infra_ref = kcp
         .spec
@@ -272,6 +274,11 @@ pub async fn create_machine(
             format!("{template_kind}.{group}"),
         ),
     ]));
+    infra_obj
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .extend(born.annotations.clone());
     infra_obj.metadata.owner_references = Some(vec![OwnerReference {
         controller: None,
         block_owner_deletion: None,
@@ -292,6 +299,7 @@ pub async fn create_machine(
         name: Some(name.clone()),
         namespace: Some(namespace.clone()),
         labels: Some(labels.clone()),
+        annotations: Some(born.annotations.clone()),
         owner_references: Some(vec![owner.clone()]),
         ..ObjectMeta::default()
     };
@@ -303,7 +311,8 @@ pub async fn create_machine(
         });
     }
 
-    let mut annotations = kcp.spec.machine_template.metadata.annotations.clone();
+    let mut annotations = born.annotations;
+    annotations.extend(born.record);
     if let Some(rf) = remediation_for {
         annotations.insert(REMEDIATION_FOR_ANNOTATION.to_string(), rf.to_annotation());
     }

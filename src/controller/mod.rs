@@ -17,6 +17,7 @@ pub mod observe;
 pub mod plan;
 pub mod reconcile;
 pub mod status;
+pub mod sync_machines;
 pub mod view;
 pub mod world;
 

@@ -22,6 +22,7 @@ use super::status::{
     kcp_status, machine_conditions, write_kcp_status, write_kcp_status_after,
     write_machine_conditions,
 };
+use super::sync_machines::sync_machines;
 use super::view::lifecycle_view;
 use super::world::World;
 use crate::lifecycle::{DeletionStep, Lifecycle, decide as decide_lifecycle, plan_secrets};
@@ -118,6 +119,10 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         {
             *slot = updated;
         }
+    }
+    // In place, no rollout: template metadata and node*Timeouts (CAPI's syncMachines).
+    for updated in sync_machines(ctx, &world).await? {
+        world.replace_machine(updated);
     }
     let outcome = match act(ctx, &world, &plan, etcd).await {
         Ok(outcome) => outcome,

@@ -93,6 +93,18 @@ impl World {
             .iter()
             .find(|m| m.metadata.name.as_deref() == Some(name))
     }
+
+    /// Replace the observed Machine of the same name with `updated` (as
+    /// written), so later writes of the reconcile are conditional on it.
+    pub fn replace_machine(&mut self, updated: Machine) {
+        if let Some(slot) = self
+            .machines
+            .iter_mut()
+            .find(|m| m.metadata.name == updated.metadata.name)
+        {
+            *slot = updated;
+        }
+    }
 }
 
 /// A Kubernetes timestamp as chrono (the remediation model's clock type).
