@@ -338,4 +338,45 @@ async fn a_label_change_rolls_nothing() {
     assert_eq!(event_count(&sandbox, "MachineCreated").await, 0);
     let kcp = kcp(&sandbox).await;
     assert_eq!(condition(&kcp, "RollingOut").map(|c| c.0), Some("False"));
+    // It reached the Machines in place (tests/e2e_sync.rs covers the rest).
+    for m in machines(&sandbox).await {
+        assert_eq!(
+            m.labels().get("tier").map(String::as_str),
+            Some("gold"),
+            "{}",
+            m.name_any()
+        );
+    }
+}
+
+/// The test API server, like a cluster whose CRD lacks our transition rule,
+/// lets a downgrade through: the controller refuses it itself, says so in
+/// `SpecValid` naming both versions and the Machine, and touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_the_crd_let_through_is_refused_by_the_controller() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let before = machine_names(&sandbox).await;
+    patch_kcp_spec(&sandbox, json!({"version": "v1.29.9+k3s1"})).await;
+    let drive = Drive {
+        crash_after_every_step: false,
+        limit: LIMIT,
+    };
+    let record = drive_until(&mut sandbox, &drive, |_, kcp| {
+        condition(kcp, "SpecValid").is_some_and(|(s, _)| s == "False")
+    })
+    .await
+    .unwrap();
+    let kcp = kcp(&sandbox).await;
+    let (_, message) = condition(&kcp, "SpecValid").unwrap();
+    assert!(
+        message.contains(&format!(
+            "spec.version: cannot downgrade from {VERSION} to v1.29.9+k3s1"
+        )),
+        "{message}"
+    );
+    assert!(message.contains("(Machine "), "{message}");
+    assert_eq!(machine_names(&sandbox).await, before);
+    assert!(record.steps.iter().all(|s| s.removed_members.is_empty()));
+    assert_eq!(event_count(&sandbox, "MachineCreated").await, 0);
 }

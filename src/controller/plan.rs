@@ -102,6 +102,27 @@ impl Plan {
 /// Decide the next action for `world`.
 pub fn plan(world: &World) -> Result<Plan, Refusal> {
     validate_kcp(&world.kcp).map_err(Refusal::Invalid)?;
+    let machine_versions: Vec<(&str, Option<&str>)> = world
+        .machines
+        .iter()
+        .filter(|m| !m.is_deleting())
+        .map(|m| {
+            (
+                m.metadata.name.as_deref().unwrap_or_default(),
+                m.spec.version.as_deref(),
+            )
+        })
+        .collect();
+    crate::rollout::version::check_against_machines(
+        &format!(
+            "{}/{}",
+            world.kcp.metadata.namespace.as_deref().unwrap_or_default(),
+            world.kcp.metadata.name.as_deref().unwrap_or_default()
+        ),
+        &world.kcp.spec.version,
+        &machine_versions,
+    )
+    .map_err(Refusal::Invalid)?;
     if world.cluster_name.is_none() {
         return Err(Refusal::NoCluster);
     }

@@ -9,6 +9,7 @@ pub mod decide;
 pub mod outdated;
 pub mod preflight;
 pub mod spec_hash;
+pub mod version;
 
 use chrono::{DateTime, Utc};
 
