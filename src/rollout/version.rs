@@ -65,11 +65,19 @@ mod tests {
         }
     }
 
+    /// name, spec.version, Machines (name, version), broken rules.
+    type Case = (
+        &'static str,
+        &'static str,
+        Vec<(&'static str, Option<&'static str>)>,
+        Vec<Rule>,
+    );
+
     #[test]
     fn table() {
         let v130 = Some("v1.30.2+k3s2");
         let v131 = Some("v1.31.4+k3s1");
-        let cases: Vec<(&str, &str, Vec<(&str, Option<&str>)>, Vec<Rule>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "steady",
                 "v1.30.2+k3s2",
