@@ -140,6 +140,8 @@ pub fn render_text(report: &Report) -> String {
                 if m.deleting { "yes" } else { "-" }.to_string(),
                 yes_no(m.health_check_succeeded).to_string(),
                 yes_no(m.owner_remediated).to_string(),
+                m.version.clone().unwrap_or_else(|| "(none)".into()),
+                if m.up_to_date { "yes" } else { "no" }.to_string(),
             ]
         })
         .collect();
@@ -152,6 +154,8 @@ pub fn render_text(report: &Report) -> String {
             "DELETING",
             "HEALTHCHECK",
             "OWNERREMEDIATED",
+            "VERSION",
+            "UPTODATE",
         ],
         &rows,
     ));
@@ -163,6 +167,19 @@ pub fn render_text(report: &Report) -> String {
     line(match &report.quorum {
         Some(q) => format!("quorum: {}", q.summary),
         None => "quorum: unknown (no etcd membership observed)".into(),
+    });
+    let surge = report
+        .rollout
+        .max_surge
+        .map_or_else(|| "invalid".to_string(), |n| n.to_string());
+    line(if report.rollout.outdated.is_empty() {
+        format!("rollout: none, every machine is up to date (maxSurge {surge})")
+    } else {
+        format!(
+            "rollout: {} outdated (maxSurge {surge}): {}",
+            report.rollout.outdated.len(),
+            report.rollout.outdated.join(", ")
+        )
     });
     let next = &report.next;
     line(match &next.action {

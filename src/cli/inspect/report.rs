@@ -25,6 +25,7 @@ pub struct Report {
     pub members_without_machine_count: usize,
     pub machines: Vec<MachineRow>,
     pub machines_without_member: Vec<String>,
+    pub rollout: RolloutReport,
     pub ambiguities: Vec<AmbiguityReport>,
     /// The cluster as it stands (no removal); absent without a membership.
     pub quorum: Option<QuorumReport>,
@@ -78,8 +79,25 @@ pub struct MachineRow {
     pub deleting: bool,
     pub health_check_succeeded: Option<bool>,
     pub owner_remediated: Option<bool>,
+    /// `spec.version`.
+    pub version: Option<String>,
+    /// Made from the current spec (no outdated reason).
+    pub up_to_date: bool,
+    /// Why it needs a rollout.
+    pub outdated: Vec<crate::rollout::OutdatedReason>,
     /// `Type=Status (Reason)` of the MHC conditions, for people.
     pub conditions: Vec<String>,
+}
+
+/// Where a rollout stands: the outdated Machines (not deleting) and how they
+/// are replaced; the next step is in [`NextReport`].
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutReport {
+    /// `rolloutStrategy.rollingUpdate.maxSurge`; `None` when invalid.
+    pub max_surge: Option<u32>,
+    /// `<machine> (<reasons>)` for each outdated Machine not deleting.
+    pub outdated: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -189,11 +207,17 @@ impl Report {
         // etcd lists members by id; people look them up by name.
         let mut members = members;
         members.sort_by(|a, b| a.name.cmp(&b.name));
-        let machines = world
+        let desired = crate::rollout::desired(&world.kcp);
+        let machines: Vec<MachineRow> = world
             .machines
             .iter()
             .map(|m| {
                 let name = m.metadata.name.clone().unwrap_or_default();
+                let outdated = crate::rollout::outdated_reasons(
+                    &desired,
+                    &crate::rollout::made_from(m, world.now),
+                    world.now,
+                );
                 let conditions = [HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION]
                     .iter()
                     .filter_map(|t| m.condition(t))
@@ -211,6 +235,9 @@ impl Report {
                     deleting: m.is_deleting(),
                     health_check_succeeded: condition_status(m, HEALTH_CHECK_SUCCEEDED_CONDITION),
                     owner_remediated: condition_status(m, OWNER_REMEDIATED_CONDITION),
+                    version: m.spec.version.clone(),
+                    up_to_date: outdated.is_empty(),
+                    outdated,
                     conditions,
                     name,
                 }
@@ -308,8 +335,16 @@ impl Report {
                 .iter()
                 .map(|m| m.label())
                 .collect(),
-            machines,
             machines_without_member: map.machines_without_member.clone(),
+            rollout: RolloutReport {
+                max_surge: world.kcp.max_surge(),
+                outdated: machines
+                    .iter()
+                    .filter(|m| !m.up_to_date && !m.deleting)
+                    .map(|m| format!("{} ({})", m.name, crate::rollout::describe(&m.outdated)))
+                    .collect(),
+            },
+            machines,
             ambiguities: map
                 .ambiguities
                 .iter()
@@ -384,6 +419,51 @@ mod report_tests {
         let report = Report::from_world(&w);
         assert_eq!(report.next.rule, "deletion.wait-for-workers");
         assert_eq!(report.next.action.as_deref(), Some("wait-for-workers"));
+    }
+
+    #[test]
+    fn outdated_machines_and_the_rollouts_next_step_are_shown() {
+        let mut w = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+                machine("m2", "cp-2", "10.0.0.3"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
+                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
+            ],
+            vec![
+                member(1, "cp-0-00000001", "10.0.0.1", 1),
+                member(2, "cp-1-00000002", "10.0.0.2", 1),
+                member(3, "cp-2-00000003", "10.0.0.3", 1),
+            ],
+        );
+        let text = super::super::render::render_text(&Report::from_world(&w));
+        assert!(
+            text.contains("rollout: none, every machine is up to date (maxSurge 1)"),
+            "{text}"
+        );
+        w.kcp.spec.version = "v1.31.4+k3s1".into();
+        let report = Report::from_world(&w);
+        assert_eq!(report.rollout.outdated.len(), 3);
+        assert!(report.machines.iter().all(|m| !m.up_to_date));
+        assert_eq!(report.next.rule, "rollout.surge", "{}", report.next.message);
+        let text = super::super::render::render_text(&report);
+        assert!(
+            text.contains(
+                "rollout: 3 outdated (maxSurge 1): m0 (version v1.30.2+k3s2 -> v1.31.4+k3s1)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("next: create-machine (rule rollout.surge)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["machines"][0]["outdated"][0]["kind"], "version");
+        assert_eq!(json["rollout"]["maxSurge"], 1);
     }
 
     fn kcp() -> KThreesControlPlane {
