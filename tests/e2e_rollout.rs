@@ -51,10 +51,11 @@ fn report(what: &str, record: &DriveRecord) {
         })
         .collect();
     eprintln!(
-        "rollout: {what}: {} steps in {:?}; controller {:?}, waiting on etcd {:?}, pacing {:?}; joins: {}",
+        "rollout: {what}: {} steps in {:?}; controller {:?} (of which member removals {:?}), joins {:?}, pacing {:?}; joins: {}",
         record.steps.len(),
         record.wall,
         record.controller,
+        record.member_removal_time(),
         record.waiting_on_etcd,
         record
             .wall

@@ -39,6 +39,8 @@ pub struct StepRecord {
     pub deleting: Vec<String>,
     /// After the step: Machines without one.
     pub live: usize,
+    /// How long the reconcile took.
+    pub reconcile_took: Duration,
     /// The reconcile's error, if any (a conflict is ordinary).
     pub error: Option<String>,
 }
@@ -80,6 +82,17 @@ impl DriveRecord {
             .iter()
             .filter_map(|s| s.healthy_voters)
             .min_by_key(|(healthy, _)| *healthy)
+    }
+
+    /// Time in reconciles that removed a member: etcd's `MemberRemove`, which
+    /// etcd refuses until every voter has been connected to the leader for
+    /// 5 s (the controller retries it), so mostly waiting on etcd.
+    pub fn member_removal_time(&self) -> Duration {
+        self.steps
+            .iter()
+            .filter(|s| !s.removed_members.is_empty())
+            .map(|s| s.reconcile_took)
+            .sum()
     }
 
     /// The most live Machines after any step.
@@ -132,7 +145,8 @@ pub async fn drive_until(
         }
         let t = Instant::now();
         let result = reconcile(std::sync::Arc::new(kcp), ctx.clone()).await;
-        record.controller += t.elapsed();
+        let reconcile_took = t.elapsed();
+        record.controller += reconcile_took;
         let t = Instant::now();
         let pass = reconcile_infrastructure(sandbox, drive.limit).await?;
         record.waiting_on_etcd += t.elapsed();
@@ -161,6 +175,7 @@ pub async fn drive_until(
                 .map(|m| m.name_any())
                 .collect(),
             live: machines.iter().filter(|m| !m.is_deleting()).count(),
+            reconcile_took,
             error: result.err().map(|e| e.to_string()),
         });
         let kcp = kcps
