@@ -1,7 +1,7 @@
 //! The controller image: built with hack/image.sh from the repository's
 //! Dockerfile (`FROM scratch`, the binary and the libraries it links, USER
 //! 65532), then run as a container with a read-only root filesystem against
-//! the in-process management API server. It must come up: answer its probes,
+//! the in-process management API server (over mutual TLS). It must come up: answer its probes,
 //! take the leader Lease and write a KThreesControlPlane's status.
 //!
 //! The image staged here holds the debug binary cargo test has just built (a
@@ -16,10 +16,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use docker_support::{ContainerGuard, docker, image_size, run_suffix};
-use k3s_control_plane::api::KThreesControlPlane;
-use k3s_control_plane::harness::sandbox::management_server;
+use k3s_control_plane::api::{KThreesControlPlane, crds};
+use k3s_control_plane::apiserver::{ResourceDef, Scope, ServerTls, TestApiServer};
+use k3s_control_plane::harness::TestCa;
+use k3s_control_plane::harness::sandbox::{docker_machine, docker_machine_template};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use rcgen::{ExtendedKeyUsagePurpose, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const IMAGE: &str = "k3s-control-plane:test";
@@ -30,6 +33,45 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The management API as `harness::sandbox::management_server` serves it, but
+/// over mutual TLS, as a real one: a serving certificate for 127.0.0.1 from its
+/// own CA, client certificates required; the kubeconfig carries the CA and a
+/// client identity, so the container trusts nothing else.
+async fn management_server_tls() -> TestApiServer {
+    let server_ca = TestCa::new("mgmt-server-ca");
+    let client_ca = TestCa::new("mgmt-client-ca");
+    let serving = server_ca.issue(
+        "kube-apiserver",
+        &[SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())],
+        &[ExtendedKeyUsagePurpose::ServerAuth],
+    );
+    let client = client_ca.issue(
+        "k3s-control-plane",
+        &[],
+        &[ExtendedKeyUsagePurpose::ClientAuth],
+    );
+    let mut builder = TestApiServer::builder().with_core_resources();
+    for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
+        builder = builder.resource(ResourceDef::from_crd(crd));
+    }
+    builder
+        .resource(ResourceDef::new(
+            docker_machine_template(),
+            Scope::Namespaced,
+        ))
+        .resource(ResourceDef::new(docker_machine(), Scope::Namespaced).with_status())
+        .tls(ServerTls {
+            ca_pem: server_ca.pair.cert_pem.clone(),
+            cert_pem: serving.cert_pem,
+            key_pem: serving.key_pem,
+            client_ca_pem: Some(client_ca.pair.cert_pem.clone()),
+            client_identity: Some((client.cert_pem, client.key_pem)),
+        })
+        .start()
+        .await
+        .expect("management API server")
 }
 
 /// Status code of GET `path`, or None while nothing listens.
@@ -104,7 +146,9 @@ async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
     let user = docker(&["image", "inspect", "--format", "{{.Config.User}}", IMAGE]).unwrap();
     assert_eq!(user, "65532:65532", "the image runs as non-root");
 
-    let server = management_server().await.unwrap();
+    k3s_control_plane::install_crypto_provider();
+    let server = management_server_tls().await;
+    assert!(server.url().starts_with("https://127.0.0.1:"));
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
