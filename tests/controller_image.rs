@@ -1,8 +1,9 @@
 //! The controller image: built with hack/image.sh from the repository's
 //! Dockerfile (`FROM scratch`, the binary and the libraries it links, USER
 //! 65532), then run as a container with a read-only root filesystem against
-//! the in-process management API server (over mutual TLS). It must come up: answer its probes,
-//! take the leader Lease and write a KThreesControlPlane's status.
+//! the in-process management API server (over mutual TLS). It must come up:
+//! answer its probes, take the leader Lease and write a KThreesControlPlane's
+//! status.
 //!
 //! The image staged here holds the debug binary cargo test has just built (a
 //! cold release build takes minutes on 2 cores; see docs/operations.md for the
