@@ -20,7 +20,6 @@ use std::time::Duration;
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::harness::rollout::{Drive, DriveRecord, drive_until};
 use k3s_control_plane::harness::sandbox::Sandbox;
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
