@@ -258,6 +258,9 @@ fn etcd_cluster_condition(
             if let Some(err) = &snapshot.alarms_error {
                 message.push_str(&format!("; alarms could not be read: {err}"));
             }
+            if let Some(transport) = &world.etcd_transport {
+                message.push_str(&format!("; reached by {transport}"));
+            }
             let healthy = assessment.unhealthy.is_empty()
                 && assessment.is_safe()
                 && snapshot.alarms_error.is_none();
