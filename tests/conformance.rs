@@ -18,6 +18,8 @@ mod faults;
 mod lists;
 #[path = "conformance/patches.rs"]
 mod patches;
+#[path = "conformance/portforward.rs"]
+mod portforward;
 #[path = "conformance/runtime.rs"]
 mod runtime;
 #[path = "conformance/selectors.rs"]

@@ -164,3 +164,13 @@ pub const REMEDIATION_FAILED_V1BETA1_REASON: &str = "RemediationFailed";
 pub const WAITING_FOR_PRE_TERMINATE_HOOK_REASON: &str = "WaitingForPreTerminateHook";
 /// v1beta1 PreTerminateDeleteHookSucceeded=False reason.
 pub const WAITING_EXTERNAL_HOOK_V1BETA1_REASON: &str = "WaitingExternalHook";
+
+/// Where the etcd proxies run in a workload cluster (upstream cluster-api-k3s
+/// deploys them as a DaemonSet on server nodes: hostNetwork, relaying to the
+/// node's 2379).
+pub const ETCD_PROXY_NAMESPACE: &str = "kube-system";
+/// Label selector of the etcd proxy pods.
+pub const ETCD_PROXY_SELECTOR: &str = "app=etcd-proxy";
+/// Per-cluster override of `run --etcd-transport` on the KThreesControlPlane:
+/// `direct` or `port-forward`.
+pub const ETCD_TRANSPORT_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-transport";

@@ -10,6 +10,7 @@ mod error;
 mod faults;
 mod meta;
 mod patch;
+mod portforward;
 mod resource;
 mod routes;
 mod selector;
@@ -169,6 +170,7 @@ impl TestApiServerBuilder {
         let shutdown = CancellationToken::new();
         let (expiry_tx, expiry_rx) = tokio::sync::watch::channel(0u64);
         let faults = Arc::new(Faults::default());
+        let port_forwards = Arc::new(portforward::PortForwards::default());
         let app = Arc::new(routes::App {
             watch: watch::WatchContext {
                 store: store.clone(),
@@ -177,9 +179,14 @@ impl TestApiServerBuilder {
                 expiry: expiry_rx,
             },
             faults: faults.clone(),
+            port_forwards: port_forwards.clone(),
         });
         // The real server's request body limit is 3 MiB (axum's default would be 2 MiB).
         let router = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/{namespace}/pods/{pod}/portforward",
+                axum::routing::get(portforward::handle),
+            )
             .fallback(routes::dispatch)
             .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(app);
@@ -201,6 +208,7 @@ impl TestApiServerBuilder {
             tls: self.tls,
             store,
             faults,
+            port_forwards,
             shutdown,
             expiry: expiry_tx,
             task: Mutex::new(Some(task)),
@@ -235,6 +243,7 @@ pub struct TestApiServer {
     tls: Option<ServerTls>,
     store: Arc<Store>,
     faults: Arc<Faults>,
+    port_forwards: Arc<portforward::PortForwards>,
     shutdown: CancellationToken,
     expiry: tokio::sync::watch::Sender<u64>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -350,6 +359,24 @@ impl TestApiServer {
     }
 
     /// The newest revision (etcd-like, shared by every resource of this server).
+    /// Where `pods/{pod}/portforward?ports={port}` in `namespace` leads: each
+    /// port-forward becomes a real TCP connection to `target`.
+    pub fn set_port_forward_target(
+        &self,
+        namespace: &str,
+        pod: &str,
+        port: u16,
+        target: SocketAddr,
+    ) {
+        self.port_forwards
+            .set_target((namespace.to_string(), pod.to_string(), port), target);
+    }
+
+    /// Port-forwards accepted so far for `namespace/pod` (any port).
+    pub fn port_forwards_opened(&self, namespace: &str, pod: &str) -> u64 {
+        self.port_forwards.opened(namespace, pod)
+    }
+
     pub fn resource_version(&self) -> u64 {
         self.store.current_rv()
     }

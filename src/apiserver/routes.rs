@@ -26,6 +26,8 @@ pub struct App {
     pub watch: WatchContext,
     /// Injected write faults (test hook).
     pub faults: Arc<Faults>,
+    /// Where pods' forwarded ports lead (test hook).
+    pub port_forwards: Arc<super::portforward::PortForwards>,
 }
 
 /// A parsed resource URL.

@@ -48,6 +48,14 @@ pub struct RunArgs {
     /// Renewals come every half of it.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub leader_election_renew_deadline: Duration,
+    /// How etcd members are reached: `direct` (https://<node InternalIP>:2379),
+    /// `port-forward` (through the workload API server to the `etcd-proxy` pod,
+    /// kube-system `app=etcd-proxy`, on each member's node) or `auto` (direct,
+    /// port-forward when direct cannot connect; remembered per cluster). A
+    /// KThreesControlPlane's `controlplane.cluster.x-k8s.io/etcd-transport`
+    /// annotation overrides it. TLS is verified against the node address either way.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub etcd_transport: crate::controller::etcd_pool::TransportMode,
 }
 
 /// `15s`, `1500ms`, `2m` or plain seconds.
@@ -187,11 +195,15 @@ pub async fn run(args: RunArgs) -> ExitCode {
         tracing::info!("terminating: stopping the controller");
         on_signal.cancel();
     });
+    let settings = Settings {
+        etcd_transport: args.etcd_transport,
+        ..Settings::default()
+    };
     match election {
         None => {
             probes.set_leadership("leader election disabled: this process acts");
             metrics.leader.set(1);
-            let ctx = Context::new(client, metrics, EtcdPool::default(), Settings::default());
+            let ctx = Context::new(client, metrics, EtcdPool::default(), settings);
             controller::run(ctx, shutdown.cancelled_owned()).await;
         }
         Some(election) => {
@@ -220,7 +232,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
                 fenced,
                 metrics,
                 EtcdPool::default(),
-                Settings::default(),
+                settings,
                 election.guard(),
             );
             leader::run_elected(ctx, shutdown).await;

@@ -30,6 +30,8 @@ pub struct Settings {
     /// How long a ghost or orphan etcd member must have been seen before it is
     /// removed (a join in progress gets this long to finish).
     pub orphan_grace: Duration,
+    /// How etcd members are reached (`run --etcd-transport`).
+    pub etcd_transport: super::etcd_pool::TransportMode,
 }
 
 impl Default for Settings {
@@ -41,6 +43,7 @@ impl Default for Settings {
             error_backoff_max: Duration::from_secs(300),
             kubeconfig: KubeconfigPolicy::default(),
             orphan_grace: Duration::from_secs(300),
+            etcd_transport: super::etcd_pool::TransportMode::Auto,
         }
     }
 }

@@ -7,6 +7,56 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::etcd::{ClientTls, EtcdCluster, EtcdError, Timeouts, Transport};
+use crate::workload::portforward::PortForwardRelay;
+
+/// How etcd members are reached (`run --etcd-transport`, or the
+/// KThreesControlPlane annotation `controlplane.cluster.x-k8s.io/etcd-transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum TransportMode {
+    /// Direct first; port-forward when direct cannot connect (remembered per cluster).
+    #[default]
+    Auto,
+    /// `https://<node InternalIP>:2379`.
+    Direct,
+    /// Through the workload API server to the `etcd-proxy` pod on each member's node.
+    PortForward,
+}
+
+impl TransportMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportMode::Auto => "auto",
+            TransportMode::Direct => "direct",
+            TransportMode::PortForward => "port-forward",
+        }
+    }
+
+    /// The annotation's value: `direct` or `port-forward` (`auto` too).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim() {
+            "auto" => Some(TransportMode::Auto),
+            "direct" => Some(TransportMode::Direct),
+            "port-forward" => Some(TransportMode::PortForward),
+            _ => None,
+        }
+    }
+}
+
+/// A concrete way to reach members (what a pooled handle uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    Direct,
+    PortForward,
+}
+
+impl TransportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Direct => "direct",
+            TransportKind::PortForward => "port-forward",
+        }
+    }
+}
 
 /// Lifetime of the client certificates we mint from the etcd CA (renewed
 /// automatically well before expiry).
@@ -20,15 +70,19 @@ pub struct PoolKey {
 }
 
 struct Entry {
-    /// `metadata.resourceVersion` (and uid) of the etcd CA Secret it was built from.
+    /// `metadata.resourceVersion` (and uid) of the etcd CA Secret it was built
+    /// from (and, for port-forward, of the kubeconfig Secret).
     secret_version: String,
     cluster: Arc<EtcdCluster>,
+    relay: Option<Arc<PortForwardRelay>>,
 }
 
 /// The pool; cheap to clone.
 #[derive(Clone, Default)]
 pub struct EtcdPool {
-    entries: Arc<Mutex<HashMap<PoolKey, Entry>>>,
+    entries: Arc<Mutex<HashMap<(PoolKey, TransportKind), Entry>>>,
+    /// Clusters `auto` switched to port-forward, with why.
+    fell_back: Arc<Mutex<HashMap<PoolKey, String>>>,
     timeouts: Option<Timeouts>,
     /// Handles built so far (a new cluster, or a changed CA Secret).
     built: Arc<std::sync::atomic::AtomicU64>,
@@ -61,9 +115,31 @@ impl EtcdPool {
         ca: &EtcdCaPem<'_>,
         seeds: &[String],
     ) -> Result<Arc<EtcdCluster>, EtcdError> {
+        self.get_with(key, ca, seeds, None)
+    }
+
+    /// [`Self::get`] through `port_forward` (the workload API client and the
+    /// kubeconfig Secret's version), or directly when `None`.
+    pub fn get_with(
+        &self,
+        key: &PoolKey,
+        ca: &EtcdCaPem<'_>,
+        seeds: &[String],
+        port_forward: Option<(&kube::Client, &str)>,
+    ) -> Result<Arc<EtcdCluster>, EtcdError> {
+        let kind = if port_forward.is_some() {
+            TransportKind::PortForward
+        } else {
+            TransportKind::Direct
+        };
+        let version = match port_forward {
+            Some((_, kubeconfig)) => format!("{} {kubeconfig}", ca.secret_version),
+            None => ca.secret_version.to_string(),
+        };
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = entries.get(key)
-            && entry.secret_version == ca.secret_version
+        let entry_key = (key.clone(), kind);
+        if let Some(entry) = entries.get(&entry_key)
+            && entry.secret_version == version
         {
             return Ok(entry.cluster.clone());
         }
@@ -73,10 +149,18 @@ impl EtcdPool {
             CLIENT_CERT_LIFETIME,
         )
         .map_err(EtcdError::from)?;
+        let relay = match port_forward {
+            Some((client, _)) => Some(Arc::new(PortForwardRelay::new(client.clone())?)),
+            None => None,
+        };
+        let transport = match &relay {
+            Some(relay) => Transport::Relayed(relay.clone()),
+            None => Transport::Direct,
+        };
         let cluster = Arc::new(EtcdCluster::with_options(
             seeds,
             tls,
-            Transport::Direct,
+            transport,
             self.timeouts.unwrap_or_default(),
         )?);
         self.built
@@ -84,18 +168,50 @@ impl EtcdPool {
         // The old handle (and every connection and certificate it holds) is
         // dropped here: nothing minted from a previous CA is used again.
         entries.insert(
-            key.clone(),
+            entry_key,
             Entry {
-                secret_version: ca.secret_version.to_string(),
+                secret_version: version,
                 cluster: cluster.clone(),
+                relay,
             },
         );
         Ok(cluster)
     }
 
+    /// Remember that `auto` uses port-forward for `key`, and why.
+    pub fn remember_fallback(&self, key: &PoolKey, why: String) {
+        self.fell_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), why);
+    }
+
+    /// Why `auto` uses port-forward for `key`, if it does.
+    pub fn fallback(&self, key: &PoolKey) -> Option<String> {
+        self.fell_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Port-forwards opened by every pooled port-forward handle.
+    pub fn tunnels_opened(&self) -> u64 {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .values()
+            .filter_map(|e| e.relay.as_ref())
+            .map(|r| r.tunnels_opened())
+            .sum()
+    }
+
     /// Forget a cluster (its KThreesControlPlane or Cluster went away).
     pub fn drop_cluster(&self, key: &PoolKey) {
         self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(k, _), _| k != key);
+        self.fell_back
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);

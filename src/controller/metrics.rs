@@ -29,6 +29,14 @@ pub struct EtcdOpLabels {
     pub operation: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EtcdTransportLabels {
+    /// `<namespace>/<cluster>`.
+    pub cluster: String,
+    /// direct or port-forward.
+    pub transport: String,
+}
+
 /// Every metric the controller exports, registered in one registry.
 #[derive(Clone)]
 pub struct Metrics {
@@ -40,6 +48,8 @@ pub struct Metrics {
     /// 1 while this process leads (holds a valid Lease, or election is
     /// disabled) and may act, else 0.
     pub leader: Gauge,
+    /// 1 for the transport each cluster's etcd was last reached by, 0 for the other.
+    pub etcd_transport: Family<EtcdTransportLabels, Gauge>,
 }
 
 impl Metrics {
@@ -54,6 +64,7 @@ impl Metrics {
             }),
             reconcile_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
+            etcd_transport: Family::default(),
         };
         let sub = registry.sub_registry_with_prefix("k3scp");
         sub.register(
@@ -86,7 +97,24 @@ impl Metrics {
             "1 while this process leads and may act (leader election), else 0",
             metrics.leader.clone(),
         );
+        sub.register(
+            "etcd_transport",
+            "1 for the transport (direct, port-forward) each cluster's etcd is reached by",
+            metrics.etcd_transport.clone(),
+        );
         metrics
+    }
+
+    /// `cluster` uses `transport` now (the other transport's series drops to 0).
+    pub fn etcd_transport(&self, cluster: &str, transport: &str) {
+        for t in ["direct", "port-forward"] {
+            self.etcd_transport
+                .get_or_create(&EtcdTransportLabels {
+                    cluster: cluster.to_string(),
+                    transport: t.to_string(),
+                })
+                .set(i64::from(t == transport));
+        }
     }
 
     pub fn error(&self, stage: &str) {

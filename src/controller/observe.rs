@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
+use crate::api::names::ETCD_TRANSPORT_ANNOTATION;
 use crate::api::names::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
 use crate::api::{Cluster, KThreesControlPlane, Machine};
-use crate::etcd::EtcdCluster;
+use crate::etcd::{EtcdCluster, EtcdError, MembershipSnapshot};
 use crate::lifecycle::CaPurpose;
 use crate::pki;
 use crate::workload::nodes::list_control_plane_nodes;
@@ -21,7 +22,7 @@ use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess};
 use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
-use super::etcd_pool::{EtcdCaPem, PoolKey};
+use super::etcd_pool::{EtcdCaPem, PoolKey, TransportMode};
 use super::world::{EtcdObservation, WorkloadState, World};
 
 /// The Cluster that owns `kcp`: its owner reference of kind Cluster, else the
@@ -100,6 +101,74 @@ pub fn etcd_seeds(nodes: &[ControlPlaneNode]) -> Vec<String> {
         .collect()
 }
 
+/// One way of reaching a cluster's etcd, tried.
+enum Attempt {
+    /// No handle could be built.
+    Handle(EtcdError),
+    Snapshot(
+        Arc<EtcdCluster>,
+        std::result::Result<MembershipSnapshot, EtcdError>,
+    ),
+}
+
+struct Reach<'a> {
+    ctx: &'a Context,
+    key: &'a PoolKey,
+    pem: &'a EtcdCaPem<'a>,
+    seeds: &'a [String],
+    port_forward: Option<(&'a kube::Client, &'a str)>,
+}
+
+impl Reach<'_> {
+    async fn attempt(&self, port_forward: bool) -> Attempt {
+        let via = if port_forward {
+            match self.port_forward {
+                Some(via) => Some(via),
+                None => {
+                    return Attempt::Handle(EtcdError::InvalidEndpoint {
+                        url: String::new(),
+                        reason: "port-forward needs the workload API server, which is unavailable"
+                            .into(),
+                    });
+                }
+            }
+        } else {
+            None
+        };
+        match self.ctx.etcd.get_with(self.key, self.pem, self.seeds, via) {
+            Err(err) => Attempt::Handle(err),
+            Ok(handle) => {
+                let started = Instant::now();
+                let snapshot = handle.snapshot().await;
+                self.ctx
+                    .metrics
+                    .etcd_operation("snapshot", started.elapsed());
+                Attempt::Snapshot(handle, snapshot)
+            }
+        }
+    }
+}
+
+/// Direct failed for want of a connection (not a TLS or etcd refusal, which a
+/// tunnel would not fix and must not hide).
+fn cannot_connect(err: &EtcdError) -> bool {
+    match err {
+        EtcdError::AllEndpointsFailed(errors) => {
+            !errors.is_empty() && errors.iter().all(EtcdError::is_unreachable)
+        }
+        other => other.is_unreachable(),
+    }
+}
+
+/// `direct` or `port-forward`, for the metric label.
+fn transport_label(description: &str) -> &'static str {
+    if description.starts_with("port-forward") {
+        "port-forward"
+    } else {
+        "direct"
+    }
+}
+
 /// Read everything a decision needs; the etcd handle is returned for acting.
 pub async fn observe(
     ctx: &Context,
@@ -146,6 +215,7 @@ pub async fn observe_management(
             },
             etcd: EtcdObservation::Unreachable { reason },
             members_first_seen: Default::default(),
+            etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             now,
         };
@@ -187,6 +257,7 @@ pub async fn observe_management(
             workload,
             etcd,
             members_first_seen: Default::default(),
+            etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             now,
         },
@@ -210,13 +281,17 @@ pub async fn observe_workload(
         kubeconfig: objects.kubeconfig.clone(),
         etcd: objects.etcd_ca.clone(),
     };
+    let mut workload_client = None;
     world.workload = match ctx.workloads.get(&key, &secrets).await {
-        Ok(access) => match list_control_plane_nodes(&access.client, &key.to_string()).await {
-            Ok(nodes) => WorkloadState::Nodes(nodes),
-            Err(err) => WorkloadState::Unavailable {
-                reason: err.to_string(),
-            },
-        },
+        Ok(access) => {
+            workload_client = Some(access.client.clone());
+            match list_control_plane_nodes(&access.client, &key.to_string()).await {
+                Ok(nodes) => WorkloadState::Nodes(nodes),
+                Err(err) => WorkloadState::Unavailable {
+                    reason: err.to_string(),
+                },
+            }
+        }
         Err(err) => WorkloadState::Unavailable {
             reason: err.to_string(),
         },
@@ -266,8 +341,71 @@ pub async fn observe_workload(
         namespace: namespace.clone(),
         cluster: cluster_name.clone(),
     };
-    let (etcd, handle) = match ctx.etcd.get(&pool_key, &pem, &seeds) {
-        Err(err) => {
+    let mode = match world.kcp.annotations().get(ETCD_TRANSPORT_ANNOTATION) {
+        None => ctx.settings.etcd_transport,
+        Some(value) => match TransportMode::parse(value) {
+            Some(mode) => mode,
+            None => {
+                world.etcd = EtcdObservation::Unreachable {
+                    reason: format!(
+                        "annotation {ETCD_TRANSPORT_ANNOTATION}={value:?} on KThreesControlPlane {namespace}/{}: expected direct, port-forward or auto; etcd is not contacted",
+                        world.kcp.name_any()
+                    ),
+                };
+                return Ok(None);
+            }
+        },
+    };
+    let kubeconfig_version = objects
+        .kubeconfig
+        .as_ref()
+        .map(|s| {
+            format!(
+                "{}/{}",
+                s.uid().unwrap_or_default(),
+                s.resource_version().unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    let port_forward = workload_client
+        .as_ref()
+        .map(|c| (c, kubeconfig_version.as_str()));
+    let reach = Reach {
+        ctx,
+        key: &pool_key,
+        pem: &pem,
+        seeds: &seeds,
+        port_forward,
+    };
+    let fallback = ctx.etcd.fallback(&pool_key);
+    let (attempt, transport) = match (mode, fallback) {
+        (TransportMode::Direct, _) => (reach.attempt(false).await, "direct".to_string()),
+        (TransportMode::PortForward, _) => (reach.attempt(true).await, "port-forward".to_string()),
+        (TransportMode::Auto, Some(why)) => (
+            reach.attempt(true).await,
+            format!("port-forward (auto: {why})"),
+        ),
+        (TransportMode::Auto, None) => {
+            let direct = reach.attempt(false).await;
+            match &direct {
+                Attempt::Snapshot(_, Err(err)) if cannot_connect(err) && port_forward.is_some() => {
+                    let why = format!("direct could not connect: {err}");
+                    let forwarded = reach.attempt(true).await;
+                    if matches!(forwarded, Attempt::Snapshot(_, Ok(_))) {
+                        ctx.etcd.remember_fallback(&pool_key, why.clone());
+                        tracing::info!(cluster = %key, reason = %why, "etcd: auto transport falls back to port-forward");
+                    }
+                    (forwarded, format!("port-forward (auto: {why})"))
+                }
+                _ => (direct, "direct (auto)".to_string()),
+            }
+        }
+    };
+    world.etcd_transport = Some(transport.clone());
+    ctx.metrics
+        .etcd_transport(&key.to_string(), transport_label(&transport));
+    let (etcd, handle) = match attempt {
+        Attempt::Handle(err) => {
             let reason = match workload {
                 WorkloadState::Unavailable { reason } if seeds.is_empty() => {
                     format!("no etcd endpoint: workload cluster unavailable: {reason}")
@@ -279,20 +417,15 @@ pub async fn observe_workload(
             };
             (EtcdObservation::Unreachable { reason }, None)
         }
-        Ok(handle) => {
-            let started = Instant::now();
-            let snapshot = handle.snapshot().await;
-            ctx.metrics.etcd_operation("snapshot", started.elapsed());
-            match snapshot {
-                Ok(s) => (EtcdObservation::Observed(s), Some(handle)),
-                Err(err) => (
-                    EtcdObservation::Unreachable {
-                        reason: err.to_string(),
-                    },
-                    Some(handle),
-                ),
-            }
-        }
+        Attempt::Snapshot(handle, snapshot) => match snapshot {
+            Ok(s) => (EtcdObservation::Observed(s), Some(handle)),
+            Err(err) => (
+                EtcdObservation::Unreachable {
+                    reason: format!("{err} (etcd transport: {transport})"),
+                },
+                Some(handle),
+            ),
+        },
     };
     if let EtcdObservation::Observed(snapshot) = &etcd {
         world.members_first_seen = ctx.members_first_seen(

@@ -258,6 +258,15 @@ fn etcd_cluster_condition(
             if let Some(err) = &snapshot.alarms_error {
                 message.push_str(&format!("; alarms could not be read: {err}"));
             }
+            // Direct is the plain case (inspect and the metric say it);
+            // a tunnel is worth telling where the health is read.
+            if let Some(transport) = world
+                .etcd_transport
+                .as_ref()
+                .filter(|t| t.starts_with("port-forward"))
+            {
+                message.push_str(&format!("; reached by {transport}"));
+            }
             let healthy = assessment.unhealthy.is_empty()
                 && assessment.is_safe()
                 && snapshot.alarms_error.is_none();

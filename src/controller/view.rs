@@ -340,6 +340,7 @@ mod tests {
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             members_first_seen: Default::default(),
+            etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             now: chrono::Utc::now(),
         }

@@ -52,6 +52,9 @@ pub struct World {
     pub secrets: SecretsView,
     pub workload: WorkloadState,
     pub etcd: EtcdObservation,
+    /// How etcd was reached this time (`direct`, `port-forward`, and why for
+    /// `auto`); `None` when not contacted.
+    pub etcd_transport: Option<String>,
     /// When this controller first saw each etcd member (by id).
     pub members_first_seen: std::collections::BTreeMap<u64, DateTime<Utc>>,
     /// How long a ghost or orphan member must be seen before it is removed.

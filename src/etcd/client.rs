@@ -117,7 +117,7 @@ impl MemberClients {
                 classify(
                     e,
                     "connect",
-                    &endpoint.dial,
+                    &self.label(endpoint),
                     &endpoint.server_name,
                     presented,
                 )
@@ -182,8 +182,16 @@ impl MemberClients {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
                 let presented = self.tls.has_client_certificate();
-                let mut err = classify(err, op, &endpoint.dial, &endpoint.server_name, presented);
-                if err.may_hide_tls_rejection()
+                let label = self.label(endpoint);
+                let mut err = classify(err, op, &label, &endpoint.server_name, presented);
+                if let Some(reason) = self.transport.failure(endpoint) {
+                    // The relay closed the connection because it could not open
+                    // its tunnel: that, not a TLS guess, is the reason.
+                    err = EtcdError::Unreachable {
+                        endpoint: label,
+                        reason,
+                    };
+                } else if err.may_hide_tls_rejection()
                     && let Some(tls_err) = self.diagnose(endpoint).await
                 {
                     err = tls_err;
@@ -199,12 +207,31 @@ impl MemberClients {
                     self.forget(endpoint);
                 }
                 Err(EtcdError::Timeout {
-                    endpoint: endpoint.dial.clone(),
+                    endpoint: self.label(endpoint),
                     op,
                     after: limit,
                 })
             }
         }
+    }
+
+    /// How `endpoint` is named in errors: its URL, or the member's address and
+    /// the relay (the local address of a tunnel means nothing to a reader).
+    pub(crate) fn label(&self, endpoint: &EtcdEndpoint) -> String {
+        match &self.transport {
+            Transport::Direct => endpoint.dial.clone(),
+            relayed => format!(
+                "https://{} (through {} {})",
+                endpoint.server_name,
+                relayed.kind(),
+                endpoint.dial.trim_start_matches("https://")
+            ),
+        }
+    }
+
+    /// The transport in use.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// A diagnostic handshake to find the TLS reason behind a closed connection.

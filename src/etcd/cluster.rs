@@ -78,6 +78,11 @@ impl EtcdCluster {
         })
     }
 
+    /// `direct`, or the relay's kind (`port-forward`).
+    pub fn transport_kind(&self) -> &'static str {
+        self.clients.transport().kind()
+    }
+
     pub fn timeouts(&self) -> Timeouts {
         self.clients.timeouts()
     }

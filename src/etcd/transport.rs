@@ -1,13 +1,34 @@
 //! How a member's advertised client URL is reached: the one seam between "where
 //! to dial" and "which name the server certificate must be valid for".
 //!
-//! Only [`Transport::Direct`] exists now. A port-forward transport (through the
-//! workload API server to an etcd proxy) will dial a local port but keep
-//! `server_name` = the node address, so verification never weakens.
+//! [`Transport::Direct`] dials the URL. [`Transport::Relayed`] dials a local
+//! address standing in for the member's host (a port-forward through the
+//! workload API server, see [`crate::workload::portforward`]) but keeps
+//! `server_name` = the URL's host, so verification never weakens.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::etcd::error::EtcdError;
+
+/// Something that reaches `host:port` through a local address of its own.
+pub trait Relay: Send + Sync + std::fmt::Debug {
+    /// The local address whose connections lead to `host:port`.
+    fn local_addr(&self, host: &str, port: u16) -> Result<SocketAddr, EtcdError>;
+    /// What to call this relay in status and metrics, e.g. `port-forward`.
+    fn kind(&self) -> &'static str;
+    /// Why the relay last failed to reach `host`, if it did (a closed local
+    /// connection says nothing by itself).
+    fn failure(&self, _host: &str) -> Option<String> {
+        None
+    }
+    /// What `host` was last relayed through (e.g. `kube-system/etcd-proxy-x`).
+    fn route(&self, _host: &str) -> Option<String> {
+        None
+    }
+}
 
 /// Default etcd client port, used when a URL has none.
 pub const DEFAULT_CLIENT_PORT: u16 = 2379;
@@ -28,6 +49,8 @@ pub enum Transport {
     /// Dial the URL itself; verify its host.
     #[default]
     Direct,
+    /// Dial the relay's local address for the URL's host; verify the host.
+    Relayed(Arc<dyn Relay>),
 }
 
 impl Transport {
@@ -45,7 +68,55 @@ impl Transport {
                     server_name: host,
                 })
             }
+            Transport::Relayed(relay) => {
+                let (host, port) = parse_https_url(client_url)?;
+                let local = relay.local_addr(&host, port)?;
+                Ok(EtcdEndpoint {
+                    dial: format!("https://{local}"),
+                    server_name: host,
+                })
+            }
         }
+    }
+
+    /// The relay's recorded failure for the member behind `endpoint`.
+    pub fn failure(&self, endpoint: &EtcdEndpoint) -> Option<String> {
+        match self {
+            Transport::Direct => None,
+            Transport::Relayed(relay) => relay.failure(&endpoint.server_name),
+        }
+    }
+
+    /// `direct`, or the relay's kind (`port-forward`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::Direct => "direct",
+            Transport::Relayed(relay) => relay.kind(),
+        }
+    }
+}
+
+/// A fixed map host -> address: the member listens somewhere other than the
+/// address it advertises (test worlds whose advertised addresses are not
+/// reachable).
+#[derive(Debug, Default)]
+pub struct StaticRelay {
+    pub targets: std::collections::HashMap<(String, u16), SocketAddr>,
+}
+
+impl Relay for StaticRelay {
+    fn local_addr(&self, host: &str, port: u16) -> Result<SocketAddr, EtcdError> {
+        self.targets
+            .get(&(host.to_string(), port))
+            .copied()
+            .ok_or_else(|| EtcdError::InvalidEndpoint {
+                url: format!("https://{host}:{port}"),
+                reason: "no relay target for this address".into(),
+            })
+    }
+
+    fn kind(&self) -> &'static str {
+        "static"
     }
 }
 
@@ -113,6 +184,21 @@ mod tests {
             assert_eq!(endpoint.dial, dial, "{url}");
             assert_eq!(endpoint.server_name, name, "{url}");
         }
+    }
+
+    #[test]
+    fn relayed_dials_the_local_address_and_still_verifies_the_host() {
+        let mut relay = StaticRelay::default();
+        relay.targets.insert(
+            ("10.0.0.5".into(), 2379),
+            "127.0.0.1:40001".parse().unwrap(),
+        );
+        let transport = Transport::Relayed(Arc::new(relay));
+        let endpoint = transport.resolve("https://10.0.0.5:2379").unwrap();
+        assert_eq!(endpoint.dial, "https://127.0.0.1:40001");
+        assert_eq!(endpoint.server_name, "10.0.0.5");
+        let err = transport.resolve("https://10.0.0.6:2379").unwrap_err();
+        assert!(err.to_string().contains("10.0.0.6"), "{err}");
     }
 
     #[test]

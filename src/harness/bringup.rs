@@ -293,11 +293,17 @@ impl BringUp {
             .await
             .map_err(|e| SandboxError(format!("workload API server: {e}")))?;
         let mut sandbox = Sandbox::assemble(etcd, self.management, workload, self.capi);
-        let (node, ip, member) = {
+        let (node, ip, member, proxied) = {
             let m = sandbox.etcd.member(0);
-            (m.node_name.clone(), m.ip.to_string(), m.name.clone())
+            (
+                m.node_name.clone(),
+                m.ip.to_string(),
+                m.name.clone(),
+                m.listen_client_addr(),
+            )
         };
         sandbox.add_node(&node, &ip, Some(&member)).await?;
+        sandbox.add_etcd_proxy(&node, proxied).await?;
         sandbox.provision(machine, &node, &ip).await?;
         sandbox.machines.push(machine.to_string());
         Ok(sandbox)

@@ -37,6 +37,9 @@ pub const MAX_CLUSTERS_PER_PROCESS: usize = 3;
 /// Addresses `.1` to `.MAX_MEMBERS` of a block are usable by members.
 pub const MAX_MEMBERS: usize = 9;
 const BLOCK_PREFIX: (u8, u8) = (127, 77);
+/// Second octet of the client addresses members listen on when their
+/// advertised (Node) address must not be reachable.
+const HIDDEN_CLIENT_OCTET: u8 = 78;
 const HEARTBEAT_MS: u32 = 100;
 const ELECTION_MS: u32 = 1500;
 const POLL: Duration = Duration::from_millis(100);
@@ -114,6 +117,17 @@ impl Block {
         Ipv4Addr::new(BLOCK_PREFIX.0, BLOCK_PREFIX.1, self.index, member as u8 + 1)
     }
 
+    /// Where a member with an unreachable advertised address really listens
+    /// for clients (the same block lock covers it).
+    fn hidden_address(&self, member: usize) -> Ipv4Addr {
+        Ipv4Addr::new(
+            BLOCK_PREFIX.0,
+            HIDDEN_CLIENT_OCTET,
+            self.index,
+            member as u8 + 1,
+        )
+    }
+
     /// Lock the first free block whose addresses are also free of listeners
     /// (a stray etcd from a killed run must not be mistaken for ours).
     fn claim() -> Result<Self, HarnessError> {
@@ -137,6 +151,8 @@ impl Block {
                     .all(|port| {
                         TcpListener::bind(SocketAddr::from((block.address(m), *port))).is_ok()
                     })
+                    && TcpListener::bind(SocketAddr::from((block.hidden_address(m), CLIENT_PORT)))
+                        .is_ok()
             });
             if free {
                 return Ok(block);
@@ -154,6 +170,9 @@ pub struct TestMember {
     /// The etcd member name, k3s style `<node>-<8 hex>`.
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Where it listens for clients: `ip`, or a hidden address when the
+    /// advertised one must be unreachable (nothing listens on `ip:2379`).
+    pub listen_client_ip: Ipv4Addr,
     /// Member id, known once the member has joined.
     pub id: u64,
     pub learner: bool,
@@ -178,8 +197,14 @@ pub struct TestMember {
 }
 
 impl TestMember {
+    /// The advertised client URL (its Node's address).
     pub fn client_url(&self) -> String {
         format!("https://{}:{CLIENT_PORT}", self.ip)
+    }
+
+    /// Where the member really accepts client connections.
+    pub fn listen_client_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.listen_client_ip, CLIENT_PORT))
     }
 
     /// The advertised peer URL (the proxy's when partitionable).
@@ -230,7 +255,7 @@ impl TestMember {
             .arg("--data-dir")
             .arg(self.dir.join("data"))
             .arg("--listen-client-urls")
-            .arg(self.client_url())
+            .arg(format!("https://{}", self.listen_client_addr()))
             .arg("--advertise-client-urls")
             .arg(self.client_url())
             .arg("--listen-peer-urls")
@@ -337,6 +362,7 @@ pub struct EtcdTestClusterBuilder {
     partitionable: bool,
     /// `--quota-backend-bytes` per member index.
     quotas: Vec<(usize, u64)>,
+    unreachable_client_addresses: bool,
 }
 
 impl EtcdTestClusterBuilder {
@@ -382,6 +408,15 @@ impl EtcdTestClusterBuilder {
         self
     }
 
+    /// Members advertise (and their certificates carry) their address, but
+    /// listen for clients on another one: nothing answers on the advertised
+    /// `ip:2379`, as when node addresses are not routable. The harness's own
+    /// connections reach them through [`EtcdTestCluster::transport`].
+    pub fn unreachable_client_addresses(mut self) -> Self {
+        self.unreachable_client_addresses = true;
+        self
+    }
+
     pub fn ready_timeout(mut self, limit: Duration) -> Self {
         self.ready_timeout = limit;
         self
@@ -405,6 +440,10 @@ pub struct EtcdTestCluster {
     admin: EtcdCluster,
     ready_timeout: Duration,
     proxies: Option<peer_proxy::PeerProxies>,
+    /// Members listen for clients on hidden addresses.
+    hidden_clients: bool,
+    /// How the harness itself reaches members.
+    transport: Transport,
     // Dropped after the members are killed (field order): the block stays
     // locked, and the slot taken, until the addresses are free again.
     dir: tempfile::TempDir,
@@ -419,6 +458,21 @@ impl std::fmt::Debug for EtcdTestCluster {
             .field("members", &self.members)
             .finish_non_exhaustive()
     }
+}
+
+/// Direct, or a relay from every advertised address of the block to its hidden one.
+fn block_transport(block: &Block, hidden: bool) -> Transport {
+    if !hidden {
+        return Transport::Direct;
+    }
+    let mut relay = crate::etcd::transport::StaticRelay::default();
+    for m in 0..MAX_MEMBERS {
+        relay.targets.insert(
+            (block.address(m).to_string(), CLIENT_PORT),
+            SocketAddr::from((block.hidden_address(m), CLIENT_PORT)),
+        );
+    }
+    Transport::Relayed(std::sync::Arc::new(relay))
 }
 
 fn random_suffix() -> String {
@@ -442,6 +496,7 @@ impl EtcdTestCluster {
             server_ca: None,
             partitionable: false,
             quotas: Vec::new(),
+            unreachable_client_addresses: false,
         }
     }
 
@@ -500,6 +555,7 @@ impl EtcdTestCluster {
                 i,
                 !opts.without_ip_san.contains(&i),
                 proxies.as_ref(),
+                opts.unreachable_client_addresses,
             )?;
             for (_, bytes) in opts.quotas.iter().filter(|(index, _)| *index == i) {
                 member.extra_args = vec![format!("--quota-backend-bytes={bytes}")];
@@ -528,10 +584,11 @@ impl EtcdTestCluster {
             .filter(|(i, _)| !opts.without_ip_san.contains(i))
             .map(|(_, m)| m.client_url())
             .collect();
+        let transport = block_transport(&block, opts.unreachable_client_addresses);
         let admin = EtcdCluster::with_options(
             &seeds,
             tls,
-            Transport::Direct,
+            transport.clone(),
             Timeouts {
                 connect: Duration::from_secs(1),
                 call: Duration::from_secs(3),
@@ -551,6 +608,8 @@ impl EtcdTestCluster {
             admin,
             ready_timeout: opts.ready_timeout,
             proxies,
+            hidden_clients: opts.unreachable_client_addresses,
+            transport,
             dir,
             _block: block,
             _slot: slot,
@@ -572,10 +631,16 @@ impl EtcdTestCluster {
         index: usize,
         ip_in_serving_cert: bool,
         proxies: Option<&peer_proxy::PeerProxies>,
+        hidden_client: bool,
     ) -> Result<TestMember, HarnessError> {
         let node_name = format!("cp-{index}");
         let name = format!("{node_name}-{}", random_suffix());
         let ip = block.address(index);
+        let listen_client_ip = if hidden_client {
+            block.hidden_address(index)
+        } else {
+            ip
+        };
         let member_dir = dir.join(&node_name);
         let tls = member_dir.join("tls");
         let serving = write_pair(
@@ -590,6 +655,7 @@ impl EtcdTestCluster {
             node_name,
             name,
             ip,
+            listen_client_ip,
             id: 0,
             learner: false,
             member_add_refusals: 0,
@@ -741,6 +807,7 @@ impl EtcdTestCluster {
             index,
             true,
             self.proxies.as_ref(),
+            self.hidden_clients,
         )?;
         let peer_url = member.peer_url();
         // A learner promoted since it was added (by infra_sim, or a test's own
@@ -759,7 +826,7 @@ impl EtcdTestCluster {
             .iter()
             .find(|m| m.child.is_some() && !m.learner)
             .ok_or(HarnessError::NoMember(0))?;
-        let endpoint = Transport::Direct.resolve(&receiver.client_url())?;
+        let endpoint = self.transport.resolve(&receiver.client_url())?;
         let deadline = Instant::now() + self.ready_timeout;
         let mut refusals = 0;
         let added = loop {
@@ -959,7 +1026,20 @@ impl EtcdTestCluster {
 
     /// A fresh engine handle on this cluster, seeded with every endpoint.
     pub fn connect(&self) -> EtcdCluster {
-        EtcdCluster::new(&self.endpoints(), self.client_tls()).expect("valid endpoints")
+        EtcdCluster::with_options(
+            &self.endpoints(),
+            self.client_tls(),
+            self.transport.clone(),
+            Timeouts::default(),
+        )
+        .expect("valid endpoints")
+    }
+
+    /// How the harness reaches members: directly, or (with
+    /// [`EtcdTestClusterBuilder::unreachable_client_addresses`]) at their hidden
+    /// listening addresses, still verifying the advertised one.
+    pub fn transport(&self) -> Transport {
+        self.transport.clone()
     }
 
     pub fn ca_pem(&self) -> &str {

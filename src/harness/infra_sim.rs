@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use kube::ResourceExt;
 
 use crate::api::names::CONTROL_PLANE_LABEL;
-use crate::etcd::{EtcdError, Transport};
+use crate::etcd::EtcdError;
 
 use super::bringup::bootstrap_inputs;
 
@@ -63,7 +63,7 @@ pub async fn provision(
         .add_learner()
         .await
         .map_err(|e| SandboxError(format!("add an etcd learner for {machine}: {e}")))?;
-    let (node, ip, member, member_id, member_add_refusals) = {
+    let (node, ip, member, member_id, member_add_refusals, proxied) = {
         let m = sandbox.etcd.member(index);
         (
             m.node_name.clone(),
@@ -71,6 +71,7 @@ pub async fn provision(
             m.name.clone(),
             m.id,
             m.member_add_refusals,
+            m.listen_client_addr(),
         )
     };
     let promote_attempts = promote(sandbox, member_id, deadline)
@@ -80,6 +81,7 @@ pub async fn provision(
         .await
         .map_err(sandbox_err(&format!("etcd member {member} joining")))?;
     sandbox.add_node(&node, &ip, Some(&member)).await?;
+    sandbox.add_etcd_proxy(&node, proxied).await?;
     sandbox.provision(machine, &node, &ip).await?;
     while sandbox.machines.len() < index {
         sandbox.machines.push(String::new());
@@ -116,7 +118,7 @@ async fn promote(sandbox: &Sandbox, id: u64, deadline: Instant) -> Result<u32, S
                 detail: "no leader".into(),
             })?;
             let url = leader.client_urls.first().cloned().unwrap_or_default();
-            let endpoint = Transport::Direct.resolve(&url)?;
+            let endpoint = sandbox.etcd.transport().resolve(&url)?;
             etcd.clients
                 .call(
                     &endpoint,
@@ -181,7 +183,9 @@ async fn wait_voter_in_sync(
 /// etcd lists it without a name. Returns its id.
 pub async fn add_ghost_member(sandbox: &Sandbox, ip: &str) -> Result<u64, SandboxError> {
     let etcd = sandbox.etcd.connect();
-    let endpoint = Transport::Direct
+    let endpoint = sandbox
+        .etcd
+        .transport()
         .resolve(&sandbox.etcd.member(0).client_url())
         .map_err(|e| SandboxError(format!("ghost member: {e}")))?;
     let peer = vec![format!("https://{ip}:2380")];

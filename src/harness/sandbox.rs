@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Secret};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
@@ -392,7 +392,9 @@ impl Sandbox {
                 member.ip.to_string(),
                 member.name.clone(),
             );
+            let proxied = member.listen_client_addr();
             self.add_node(&node, &ip, Some(&member_name)).await?;
+            self.add_etcd_proxy(&node, proxied).await?;
             let machine = node.clone();
             self.add_machine(&kcp, &machine, Some((&node, &ip))).await?;
             self.machines.push(machine);
@@ -463,6 +465,41 @@ impl Sandbox {
             )
             .await
             .map_err(err("write Node status"))?;
+        Ok(())
+    }
+
+    /// The `etcd-proxy` pod upstream's DaemonSet runs on a server node
+    /// (kube-system, `app=etcd-proxy`, hostNetwork), running; its forwarded
+    /// port 2379 leads to `member` (the node's etcd client address).
+    pub async fn add_etcd_proxy(
+        &self,
+        node: &str,
+        member: std::net::SocketAddr,
+    ) -> Result<(), SandboxError> {
+        use crate::api::names::ETCD_PROXY_NAMESPACE;
+        let name = format!("etcd-proxy-{node}");
+        let pods: Api<Pod> = Api::namespaced(self.workload.client(), ETCD_PROXY_NAMESPACE);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": "etcd-proxy"}},
+            "spec": {
+                "nodeName": node, "hostNetwork": true,
+                "containers": [{"name": "etcd-proxy", "image": "alpine/socat",
+                    "args": ["TCP4-LISTEN:2379,fork,reuseaddr", "TCP4:127.0.0.1:2379"]}]
+            }
+        }))
+        .map_err(|e| SandboxError(format!("etcd proxy pod: {e}")))?;
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .map_err(err("create etcd proxy Pod"))?;
+        pods.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .map_err(err("write etcd proxy Pod status"))?;
+        self.workload
+            .set_port_forward_target(ETCD_PROXY_NAMESPACE, &name, 2379, member);
         Ok(())
     }
 

@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod error;
 pub mod nodes;
+pub mod portforward;
 pub mod secrets;
 pub mod trust;
 

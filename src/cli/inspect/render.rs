@@ -100,6 +100,9 @@ pub fn render_text(report: &Report) -> String {
             etcd.reason.as_deref().unwrap_or_default()
         ),
     });
+    if let Some(transport) = &etcd.transport {
+        line(format!("etcd transport: {transport}"));
+    }
     if let Some(reason) = &etcd.alarms_error {
         line(format!("etcd alarms: unknown ({reason})"));
     }

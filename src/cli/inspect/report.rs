@@ -49,6 +49,9 @@ pub struct EtcdReport {
     pub cluster_id: Option<String>,
     pub leader: Option<String>,
     pub alarms_error: Option<String>,
+    /// How etcd was reached (`direct`, `port-forward`, with why for `auto`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// One etcd member, its health and what it maps to.
@@ -252,6 +255,7 @@ impl Report {
                 cluster_id: None,
                 leader: None,
                 alarms_error: None,
+                transport: world.etcd_transport.clone(),
             },
             EtcdObservation::NoCredentials { reason } => EtcdReport {
                 state: "unknown",
@@ -259,6 +263,7 @@ impl Report {
                 cluster_id: None,
                 leader: None,
                 alarms_error: None,
+                transport: world.etcd_transport.clone(),
             },
             EtcdObservation::Unreachable { reason } => EtcdReport {
                 state: "unreachable",
@@ -266,6 +271,7 @@ impl Report {
                 cluster_id: None,
                 leader: None,
                 alarms_error: None,
+                transport: world.etcd_transport.clone(),
             },
             EtcdObservation::Observed(snap) => EtcdReport {
                 state: "observed",
@@ -273,6 +279,7 @@ impl Report {
                 cluster_id: Some(format!("{:016x}", snap.cluster_id)),
                 leader: snap.leader_member().map(|m| m.label()),
                 alarms_error: snap.alarms_error.clone(),
+                transport: world.etcd_transport.clone(),
             },
         };
         let lifecycle = (world.cluster_name.is_some()
@@ -562,6 +569,7 @@ mod report_tests {
                 alarms_error: None,
             }),
             members_first_seen: Default::default(),
+            etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             now: chrono::Utc::now(),
         }
