@@ -311,6 +311,10 @@ pub struct Sample {
     pub leader: Option<u64>,
     /// Healthy voters and voters.
     pub healthy_voters: (usize, usize),
+    /// A member's probe timed out: on a loaded 2-core machine that is as
+    /// likely the observer starved as the member, so the health counts of
+    /// this sample say nothing either way.
+    pub probe_timed_out: bool,
 }
 
 /// Watches the world concurrently with the controller, as fast as it can,
@@ -353,6 +357,11 @@ impl Observer {
                         let a = snap.assess_cluster();
                         (a.healthy, a.voters)
                     },
+                    probe_timed_out: snap.members.iter().any(|m| {
+                        m.probe_error
+                            .as_deref()
+                            .is_some_and(|e| e.contains("timed out"))
+                    }),
                 });
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
