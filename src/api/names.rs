@@ -61,6 +61,9 @@ pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.c
 pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
     "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
 
+/// The CAPI sharding label: a controller run with `--watch-filter V` reconciles
+/// only objects labelled `cluster.x-k8s.io/watch-filter=V`.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 /// On any CAPI object: reconcile nothing while present (as `Cluster.spec.paused`).
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// Our finalizer on the KThreesControlPlane (cluster-api-k3s's name, so objects

@@ -56,6 +56,13 @@ pub struct RunArgs {
     /// annotation overrides it. TLS is verified against the node address either way.
     #[arg(long, value_enum, default_value = "auto")]
     pub etcd_transport: crate::controller::etcd_pool::TransportMode,
+    /// Reconcile only KThreesControlPlanes (and Clusters) labelled
+    /// `cluster.x-k8s.io/watch-filter=<value>`, the CAPI sharding convention.
+    #[arg(long)]
+    pub watch_filter: Option<String>,
+    /// Watch only this namespace (default: all).
+    #[arg(long)]
+    pub namespace: Option<String>,
 }
 
 /// `15s`, `1500ms`, `2m` or plain seconds.
@@ -197,6 +204,8 @@ pub async fn run(args: RunArgs) -> ExitCode {
     });
     let settings = Settings {
         etcd_transport: args.etcd_transport,
+        watch_filter: args.watch_filter.clone(),
+        namespace: args.namespace.clone(),
         ..Settings::default()
     };
     match election {

@@ -32,6 +32,11 @@ pub struct Settings {
     pub orphan_grace: Duration,
     /// How etcd members are reached (`run --etcd-transport`).
     pub etcd_transport: super::etcd_pool::TransportMode,
+    /// `run --watch-filter`: only control planes (and Clusters) labelled
+    /// `cluster.x-k8s.io/watch-filter=<value>` are reconciled.
+    pub watch_filter: Option<String>,
+    /// `run --namespace`: only this namespace is watched.
+    pub namespace: Option<String>,
 }
 
 impl Default for Settings {
@@ -44,6 +49,8 @@ impl Default for Settings {
             kubeconfig: KubeconfigPolicy::default(),
             orphan_grace: Duration::from_secs(300),
             etcd_transport: super::etcd_pool::TransportMode::Auto,
+            watch_filter: None,
+            namespace: None,
         }
     }
 }

@@ -40,12 +40,26 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client: Client = ctx.client.clone();
-    let kcps: Api<KThreesControlPlane> = Api::all(client.clone());
-    let machines: Api<Machine> = Api::all(client.clone());
-    let clusters: Api<Cluster> = Api::all(client.clone());
-    Controller::new(kcps, watcher::Config::default())
+    let (kcps, machines, clusters): (Api<KThreesControlPlane>, Api<Machine>, Api<Cluster>) =
+        match &ctx.settings.namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            ),
+        };
+    // The control planes (and Clusters) are filtered; Machines are not, but a
+    // Machine only triggers its owner, which is reconciled only if it is in
+    // the (filtered) store.
+    let filtered = watch_config(ctx.settings.watch_filter.as_deref());
+    Controller::new(kcps, filtered.clone())
         .owns(machines, watcher::Config::default())
-        .watches(clusters, watcher::Config::default(), |cluster: Cluster| {
+        .watches(clusters, filtered, |cluster: Cluster| {
             // A Cluster change (e.g. its control plane became initialized)
             // reconciles the control plane it references.
             cluster
@@ -63,6 +77,17 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// The watcher configuration for `--watch-filter` (none: everything).
+pub fn watch_config(watch_filter: Option<&str>) -> watcher::Config {
+    match watch_filter {
+        Some(value) => watcher::Config::default().labels(&format!(
+            "{}={value}",
+            crate::api::names::WATCH_FILTER_LABEL
+        )),
+        None => watcher::Config::default(),
+    }
 }
 
 /// A reconcile that acts only under a valid lease: one that starts without it
