@@ -92,11 +92,7 @@ pub fn replicas(world: &World) -> Replicas {
     let desired = crate::rollout::desired(&world.kcp);
     for m in &world.machines {
         let name = m.metadata.name.clone().unwrap_or_default();
-        let reasons = crate::rollout::outdated_reasons(
-            &desired,
-            &crate::rollout::made_from(m, world.now),
-            world.now,
-        );
+        let reasons = crate::rollout::reasons_for(&desired, m, world.now);
         if reasons.is_empty() {
             r.up_to_date += 1;
         } else if !m.is_deleting() {

@@ -25,7 +25,7 @@ use tracing::{debug, info};
 use crate::api::names::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, PRE_TERMINATE_HOOK_ANNOTATION,
-    REMEDIATION_FOR_ANNOTATION, SYNCED_METADATA_ANNOTATION,
+    REMEDIATION_FOR_ANNOTATION, SPEC_HASH_ANNOTATION, SYNCED_METADATA_ANNOTATION,
 };
 use crate::api::{KThreesConfig, KThreesControlPlane, Machine};
 
@@ -46,9 +46,11 @@ const RESERVED_LABELS: [&str; 3] = [
 
 /// Annotations this controller writes for other purposes: a template key of
 /// the same name must not overwrite them, nor its removal delete them (a
-/// removed pre-terminate hook would let CAPI delete a Machine mid-removal).
-const RESERVED_ANNOTATIONS: [&str; 5] = [
+/// removed pre-terminate hook would let CAPI delete a Machine mid-removal; an
+/// overwritten spec hash would hide or fake a rollout).
+const RESERVED_ANNOTATIONS: [&str; 6] = [
     SYNCED_METADATA_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
     REMEDIATION_FOR_ANNOTATION,
     PRE_TERMINATE_HOOK_ANNOTATION,
     CLONED_FROM_NAME_ANNOTATION,
@@ -618,10 +620,10 @@ mod tests {
     #[test]
     fn reserved_annotations_are_never_propagated_nor_removed() {
         let after = kcp(
-            json!({"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: "x", "note": "y"}}),
+            json!({"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: "x", SPEC_HASH_ANNOTATION: "0000", "note": "y"}}),
             None,
         );
-        let record = json!({"annotations": [PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION], "hash": "0"});
+        let record = json!({"annotations": [PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION, SPEC_HASH_ANNOTATION], "hash": "0"});
         let m = machine(
             json!({}),
             json!({SYNCED_METADATA_ANNOTATION: record.to_string(), PRE_TERMINATE_HOOK_ANNOTATION: "etcd"}),

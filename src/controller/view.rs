@@ -270,11 +270,7 @@ fn machine_view(
     )
     .is_some_and(|c| c.status == "False");
     let node = machine.node_name().and_then(|n| world.node(n));
-    let outdated_reasons = crate::rollout::outdated_reasons(
-        desired,
-        &crate::rollout::made_from(machine, world.now),
-        world.now,
-    );
+    let outdated_reasons = crate::rollout::reasons_for(desired, machine, world.now);
     Ok(MachineView {
         name: name.clone(),
         created: machine

@@ -51,3 +51,13 @@ pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
             .unwrap_or(now),
     }
 }
+
+/// Why `machine` needs a rollout under `desired` at `now` (empty: up to
+/// date). The one place the controller, status and `inspect` ask.
+pub fn reasons_for(
+    desired: &Desired,
+    machine: &Machine,
+    now: DateTime<Utc>,
+) -> Vec<OutdatedReason> {
+    outdated_reasons(desired, &made_from(machine, now), now)
+}

@@ -216,11 +216,7 @@ impl Report {
             .iter()
             .map(|m| {
                 let name = m.metadata.name.clone().unwrap_or_default();
-                let outdated = crate::rollout::outdated_reasons(
-                    &desired,
-                    &crate::rollout::made_from(m, world.now),
-                    world.now,
-                );
+                let outdated = crate::rollout::reasons_for(&desired, m, world.now);
                 let conditions = [HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION]
                     .iter()
                     .filter_map(|t| m.condition(t))
