@@ -12,6 +12,7 @@
 //! - [`remediation`]: the pure decision (which machine, which rule) and its steps.
 //! - [`lifecycle`]: pure lifecycle decisions (teardown, pause, cluster Secrets, mixed management).
 //! - [`rollout`]: pure rollout rules (which Machines are outdated and why, the next rollout step).
+//! - [`components`]: the clusterctl provider artifacts (components YAML, metadata), generated.
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
 //! - [`apiserver`]: an in-process Kubernetes API server for tests and the demo.
 //! - [`harness`]: local real-etcd clusters with a k3s-like PKI (tests and demo).
@@ -19,6 +20,7 @@
 pub mod api;
 pub mod apiserver;
 pub mod cli;
+pub mod components;
 pub mod controller;
 pub mod etcd;
 pub mod harness;

@@ -17,6 +17,8 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Print our CustomResourceDefinitions as YAML (or write them with --out DIR).
     Crds(cli::crds::CrdsArgs),
+    /// Print the clusterctl components YAML (or metadata.yaml), or write both with --out DIR.
+    Components(cli::components::ComponentsArgs),
     /// Inspect and operate on a k3s embedded etcd cluster directly.
     Etcd(cli::etcd::EtcdArgs),
     /// Show members, machines, nodes, quorum and the next remediation decision.
@@ -32,6 +34,7 @@ async fn main() -> ExitCode {
     match args.command {
         Command::Run(a) => cli::run::run(a).await,
         Command::Crds(a) => cli::crds::run_with(a),
+        Command::Components(a) => cli::components::run(a),
         Command::Etcd(a) => cli::etcd::run(a).await,
         Command::Inspect(a) => cli::inspect::run(a).await,
         Command::Demo(a) => cli::demo::run(a).await,

@@ -1,5 +1,6 @@
 //! Command-line entry points; each subcommand owns one file.
 
+pub mod components;
 pub mod crds;
 pub mod demo;
 pub mod etcd;

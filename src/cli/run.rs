@@ -58,8 +58,17 @@ pub struct RunArgs {
     pub etcd_transport: crate::controller::etcd_pool::TransportMode,
     /// Reconcile only KThreesControlPlanes (and Clusters) labelled
     /// `cluster.x-k8s.io/watch-filter=<value>`, the CAPI sharding convention.
+    /// Empty: no filter (what the components' default placeholder gives).
     #[arg(long)]
     pub watch_filter: Option<String>,
+    /// Control planes reconciled at once (each one is only ever reconciled
+    /// by one worker at a time).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+    /// Log level of the controller's own messages: error, warn, info, debug
+    /// or trace. Client libraries stay at warn; RUST_LOG, when set, overrides both.
+    #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: String,
     /// Watch only this namespace (default: all).
     #[arg(long)]
     pub namespace: Option<String>,
@@ -107,14 +116,24 @@ pub async fn management_config(kubeconfig: Option<&PathBuf>) -> Result<kube::Con
 }
 
 pub fn init_logging(json: bool) {
+    init_logging_at(json, "info")
+}
+
+/// Logging with the controller's messages at `level` (RUST_LOG overrides).
+pub fn init_logging_at(json: bool, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,kube=warn,tower=warn,hyper=warn,h2=warn".into());
+        .unwrap_or_else(|_| log_filter(level).into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if json {
         builder.json().try_init()
     } else {
         builder.try_init()
     };
+}
+
+/// The filter for `--log-level`: ours at `level`, the client libraries at warn.
+pub fn log_filter(level: &str) -> String {
+    format!("{level},kube=warn,tower=warn,hyper=warn,h2=warn,rustls=warn")
 }
 
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends a Pod it stops).
@@ -134,7 +153,7 @@ async fn terminated() {
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
-    init_logging(args.log_json);
+    init_logging_at(args.log_json, &args.log_level);
     let election = if args.leader_elect {
         match ElectionConfig::new(
             args.leader_election_lease_name.clone(),
@@ -179,7 +198,10 @@ pub async fn run(args: RunArgs) -> ExitCode {
     // Ready once the management API answers for our kind (CRD installed, RBAC
     // in place); until then /readyz says why not and the loop retries.
     // Leadership does not enter readiness: a standby is Ready.
-    let kcps: kube::Api<crate::api::KThreesControlPlane> = kube::Api::all(client.clone());
+    let kcps: kube::Api<crate::api::KThreesControlPlane> = match &args.namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
     let ready_probes = probes.clone();
     tokio::spawn(async move {
         loop {
@@ -204,8 +226,9 @@ pub async fn run(args: RunArgs) -> ExitCode {
     });
     let settings = Settings {
         etcd_transport: args.etcd_transport,
-        watch_filter: args.watch_filter.clone(),
-        namespace: args.namespace.clone(),
+        watch_filter: args.watch_filter.clone().filter(|v| !v.is_empty()),
+        namespace: args.namespace.clone().filter(|v| !v.is_empty()),
+        concurrency: args.concurrency,
         ..Settings::default()
     };
     match election {
@@ -289,6 +312,24 @@ mod tests {
         assert_eq!(args.leader_election_lease_duration, Duration::from_secs(3));
         assert_eq!(args.leader_election_renew_deadline, Duration::from_secs(2));
         assert_eq!(args.leader_election_namespace, "ops");
+    }
+
+    #[test]
+    fn components_defaults_parse_and_an_empty_watch_filter_is_no_filter() {
+        let args = parse(&[
+            "--log-level=info",
+            "--concurrency=10",
+            "--watch-filter=",
+            "--etcd-transport=auto",
+        ])
+        .unwrap();
+        assert_eq!(args.concurrency, 10);
+        assert_eq!(args.watch_filter.as_deref(), Some(""));
+        assert_eq!(args.log_level, "info");
+        assert!(parse(&["--concurrency=0"]).is_err());
+        assert!(parse(&["--log-level=loud"]).is_err());
+        assert_eq!(parse(&[]).unwrap().concurrency, 10);
+        assert!(log_filter("debug").starts_with("debug,kube=warn"));
     }
 
     #[test]

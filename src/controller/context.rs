@@ -37,6 +37,8 @@ pub struct Settings {
     pub watch_filter: Option<String>,
     /// `run --namespace`: only this namespace is watched.
     pub namespace: Option<String>,
+    /// `run --concurrency`: control planes reconciled at once.
+    pub concurrency: u16,
 }
 
 impl Default for Settings {
@@ -51,6 +53,7 @@ impl Default for Settings {
             etcd_transport: super::etcd_pool::TransportMode::Auto,
             watch_filter: None,
             namespace: None,
+            concurrency: 10,
         }
     }
 }

@@ -58,6 +58,9 @@ pub async fn run(
     // the (filtered) store.
     let filtered = watch_config(ctx.settings.watch_filter.as_deref());
     Controller::new(kcps, filtered.clone())
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency),
+        )
         .owns(machines, watcher::Config::default())
         .watches(clusters, filtered, |cluster: Cluster| {
             // A Cluster change (e.g. its control plane became initialized)

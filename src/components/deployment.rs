@@ -1,0 +1,185 @@
+//! The controller's Deployment: two replicas behind one Lease, probes,
+//! non-root with a read-only root filesystem, resources from measured figures.
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{NAME, Options, meta, variables};
+
+/// Replicas: one leads, the other is Ready and takes the Lease when it goes.
+pub const REPLICAS: i32 = 2;
+/// The Pods' label (selector of the Deployment and of the anti-affinity).
+pub const APP_LABEL: (&str, &str) = ("app.kubernetes.io/name", NAME);
+
+/// Memory request: the process measured 13.8 MiB idle and 37.9 MiB holding
+/// 100 control planes (docs/bench.md); 64 MiB covers that with headroom.
+pub const MEMORY_REQUEST: &str = "64Mi";
+/// Memory limit: room for the watch caches and etcd connections of the
+/// clusters a single controller is meant to carry (issue 12 measures 1,000).
+pub const MEMORY_LIMIT: &str = "512Mi";
+/// CPU request: an idle reconcile costs milliseconds (docs/bench.md); bursts
+/// (bring-up, remediation) are short, so no CPU limit throttles them.
+pub const CPU_REQUEST: &str = "50m";
+
+/// The container's arguments: the placeholders clusterctl fills in, and
+/// `--namespace` when the components are scoped to one.
+pub fn args(options: &Options) -> Vec<String> {
+    let mut args = vec![
+        "run".to_string(),
+        "--log-json".to_string(),
+        format!("--log-level={}", variables::LOG_LEVEL.placeholder()),
+        format!("--concurrency={}", variables::CONCURRENCY.placeholder()),
+        format!("--watch-filter={}", variables::WATCH_FILTER.placeholder()),
+        format!(
+            "--etcd-transport={}",
+            variables::ETCD_TRANSPORT.placeholder()
+        ),
+    ];
+    if let Some(ns) = &options.watch_namespace {
+        args.push(format!("--namespace={ns}"));
+    }
+    args
+}
+
+pub fn deployment(options: &Options, namespace: &str) -> Deployment {
+    let labels =
+        std::collections::BTreeMap::from([(APP_LABEL.0.to_string(), APP_LABEL.1.to_string())]);
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("probes".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "controller".into(),
+        image: Some(variables::IMAGE.placeholder()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(args(options)),
+        // POD_NAME: the Lease holder identity and the Events' reporting
+        // instance; POD_NAMESPACE: where the Lease lives.
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAME".into(),
+                value_from: Some(field("metadata.name")),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "POD_NAMESPACE".into(),
+                value_from: Some(field("metadata.namespace")),
+                ..Default::default()
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("probes".into()),
+            container_port: 8080,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), Quantity(CPU_REQUEST.into())),
+                    ("memory".to_string(), Quantity(MEMORY_REQUEST.into())),
+                ]
+                .into(),
+            ),
+            limits: Some([("memory".to_string(), Quantity(MEMORY_LIMIT.into()))].into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(NAME, Some(namespace)),
+        spec: DeploymentSpec {
+            replicas: Some(REPLICAS),
+            // The new Pod starts first; an old one stops only once it is Ready.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.into()),
+                    // SIGTERM: the controller stops, then releases the Lease.
+                    termination_grace_period_seconds: Some(30),
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        topology_key: "kubernetes.io/hostname".into(),
+                                        label_selector: Some(LabelSelector {
+                                            match_labels: Some(labels),
+                                            ..Default::default()
+                                        }),
+                                        ..Default::default()
+                                    },
+                                },
+                            ]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    containers: vec![container],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
