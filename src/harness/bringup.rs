@@ -142,7 +142,12 @@ impl BringUp {
     /// A Cluster and a KThreesControlPlane of `replicas`, nothing else: no
     /// Machine, no Secret, no finalizer.
     pub async fn start(replicas: i32) -> Result<Self, SandboxError> {
-        let management = management_server().await?;
+        Self::start_on(management_server().await?, replicas).await
+    }
+
+    /// As [`start`](Self::start), on this management API server (one from
+    /// [`management_server_with`](super::sandbox::management_server_with)).
+    pub async fn start_on(management: TestApiServer, replicas: i32) -> Result<Self, SandboxError> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")
             .map_err(|e| SandboxError(format!("reserve the endpoint: {e}")))?;
         let endpoint = listener

@@ -78,7 +78,17 @@ pub fn docker_machine() -> ApiResource {
 
 /// A management-cluster test API server with every kind the controller uses.
 pub async fn management_server() -> Result<TestApiServer, SandboxError> {
-    let mut builder = TestApiServer::builder().with_core_resources();
+    management_server_with(|builder| builder).await
+}
+
+/// As [`management_server`], with the builder adjusted first (e.g. RBAC
+/// enforcement and a service account's token).
+pub async fn management_server_with(
+    configure: impl FnOnce(
+        crate::apiserver::TestApiServerBuilder,
+    ) -> crate::apiserver::TestApiServerBuilder,
+) -> Result<TestApiServer, SandboxError> {
+    let mut builder = configure(TestApiServer::builder().with_core_resources());
     for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
         builder = builder.resource(ResourceDef::from_crd(crd));
     }
