@@ -248,6 +248,18 @@ async fn a_leader_machine_upstream_left_deleting_is_finished_by_our_steps_and_re
     let moved = event_notes(&sandbox, "EtcdLeadershipMoved").await;
     assert!(!moved.is_empty(), "leadership was not moved first");
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
+    let first_at = |events: Vec<k8s_openapi::api::events::v1::Event>| {
+        events
+            .iter()
+            .filter_map(|e| e.event_time.as_ref().map(|t| t.0))
+            .min()
+            .expect("an event time")
+    };
+    assert!(
+        first_at(events(&sandbox, "EtcdLeadershipMoved").await)
+            <= first_at(events(&sandbox, "EtcdMemberRemoved").await),
+        "leadership moved after the member was removed"
+    );
     let taken = event_notes(&sandbox, "UpstreamHookTakenOver").await;
     assert_eq!(taken.len(), 1, "{taken:?}");
     assert!(taken[0].contains(&format!("{leader:016x}")), "{}", taken[0]);
