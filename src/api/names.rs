@@ -60,6 +60,22 @@ pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.c
 /// Our own pre-terminate hook: held while the etcd member is being removed.
 pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
     "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";
+/// CAPI's own test for "a pre-terminate hook is present" (Go
+/// `clusterv1.PreTerminateDeleteHookAnnotationPrefix`, matched with
+/// `strings.HasPrefix`): no trailing `/`, so the bare key counts as a hook too.
+/// Use this, not [`PRE_TERMINATE_HOOK_PREFIX`], to decide what CAPI waits on.
+pub const CAPI_PRE_TERMINATE_HOOK_PREFIX: &str =
+    "pre-terminate.delete.hook.machine.cluster.x-k8s.io";
+/// cluster-api-k3s's pre-terminate hook: the bare CAPI prefix as key, with value
+/// [`UPSTREAM_PRE_TERMINATE_HOOK_VALUE`]. Its control-plane controller adds it
+/// right before deleting a Machine (scale-down, rollout, remediation) and
+/// removes it once k3s removed the Node's etcd member. After a migration it is
+/// ours to release (docs/migration.md).
+pub const UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION: &str =
+    "pre-terminate.delete.hook.machine.cluster.x-k8s.io";
+/// Value of [`UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION`] written by cluster-api-k3s
+/// (its `k3sHookName`); under another value the key is someone else's hook.
+pub const UPSTREAM_PRE_TERMINATE_HOOK_VALUE: &str = "k3s";
 
 /// The CAPI sharding label: a controller run with `--watch-filter V` reconciles
 /// only objects labelled `cluster.x-k8s.io/watch-filter=V`.

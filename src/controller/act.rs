@@ -12,10 +12,13 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
-use crate::api::names::{PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION};
+use crate::api::names::{
+    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
+};
 use crate::api::{KThreesControlPlane, Machine};
 use crate::etcd::EtcdCluster;
-use crate::remediation::steps::{Removal, Step, hook_value};
+use crate::remediation::steps::{Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value};
 
 use super::context::Context;
 use super::create::create_machine;
@@ -166,9 +169,16 @@ pub async fn act(
             info!(?removed, %assessment, "etcd member removed");
         }
         Step::ReleaseHook { machine } => {
+            // cluster-api-k3s's hook goes with ours, in the same write: the
+            // steps reach this only once the member is gone.
+            let mut annotations = serde_json::Map::new();
+            annotations.insert(PRE_TERMINATE_HOOK_ANNOTATION.into(), json!(null));
+            if upstream_hook_on(world, machine) {
+                annotations.insert(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION.into(), json!(null));
+            }
             let patch = json!({"metadata": {
                 "resourceVersion": observed_version(world, machine),
-                "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null},
+                "annotations": annotations,
             }});
             match machines
                 .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
@@ -219,6 +229,18 @@ pub async fn act(
         )
         .await;
     }
+    if let Some((reason, note)) = upstream_hook_note(world, removal, step, plan) {
+        publish_about(
+            ctx,
+            kcp,
+            EventType::Normal,
+            reason,
+            &note,
+            Some(machine_ref(&namespace, &removal.machine)),
+        )
+        .await;
+        info!(step = %step_name, machine = %removal.machine, rule = UPSTREAM_TAKEOVER_RULE, "{note}");
+    }
     let note = describe(removal, step, plan, outcome.created.as_deref());
     // Related to the Machine being removed, so that every removal's Events form
     // their own series (the recorder folds Events of one reason and related object).
@@ -238,6 +260,62 @@ pub async fn act(
     });
     info!(step = %step_name, machine = %removal.machine, "{note}");
     Ok(outcome)
+}
+
+/// cluster-api-k3s's hook (its key with its value) is on `machine` as observed.
+fn upstream_hook_on(world: &World, machine: &str) -> bool {
+    world
+        .machine(machine)
+        .and_then(|m| m.metadata.annotations.as_ref())
+        .and_then(|a| a.get(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION))
+        .is_some_and(|v| v == UPSTREAM_PRE_TERMINATE_HOOK_VALUE)
+}
+
+/// The Event (reason, note) saying that a step took over or released
+/// cluster-api-k3s's hook, if it did.
+fn upstream_hook_note(
+    world: &World,
+    removal: &Removal,
+    step: &Step,
+    plan: &Plan,
+) -> Option<(&'static str, String)> {
+    let machine = &removal.machine;
+    if !upstream_hook_on(world, machine) {
+        return None;
+    }
+    let member = |id: Option<u64>| match id {
+        Some(id) => format!("etcd member {id:016x}"),
+        None => "no etcd member".to_string(),
+    };
+    let hook =
+        format!("{UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION}={UPSTREAM_PRE_TERMINATE_HOOK_VALUE}");
+    match step {
+        Step::AddHook { member: id, .. }
+            if world.machine(machine).is_some_and(|m| m.is_deleting()) =>
+        {
+            Some((
+                "UpstreamHookTakenOver",
+                format!(
+                    "taking over Machine {machine}, left deleting by cluster-api-k3s with its hook {hook}: {} per the etcd membership; our hook now guards it until that member is gone ({UPSTREAM_TAKEOVER_RULE})",
+                    member(*id)
+                ),
+            ))
+        }
+        Step::ReleaseHook { .. } => {
+            let id = plan.view.machine(machine).and_then(|m| m.hook_member);
+            Some((
+                "UpstreamHookReleased",
+                format!(
+                    "released cluster-api-k3s's hook {hook} on Machine {machine} together with ours: {} is not in the etcd membership ({UPSTREAM_TAKEOVER_RULE})",
+                    match id {
+                        Some(id) => format!("its etcd member {id:016x}"),
+                        None => "its etcd member".to_string(),
+                    }
+                ),
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// The resourceVersion of `machine` as observed (null when it was not: the

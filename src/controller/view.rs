@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 
 use crate::api::conditions::ConditionView;
 use crate::api::names::{
-    DELETE_MACHINE_ANNOTATION, EXTERNALLY_REMEDIATED_CONDITION, HEALTH_CHECK_SUCCEEDED_CONDITION,
-    K3S_ETCD_NODE_NAME_ANNOTATION, OWNER_REMEDIATED_CONDITION, PRE_TERMINATE_HOOK_ANNOTATION,
-    PRE_TERMINATE_HOOK_PREFIX, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
-    REMEDIATION_IN_PROGRESS_ANNOTATION,
+    CAPI_PRE_TERMINATE_HOOK_PREFIX, DELETE_MACHINE_ANNOTATION, EXTERNALLY_REMEDIATED_CONDITION,
+    HEALTH_CHECK_SUCCEEDED_CONDITION, K3S_ETCD_NODE_NAME_ANNOTATION, OWNER_REMEDIATED_CONDITION,
+    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
+    REMEDIATION_IN_PROGRESS_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
 };
 use crate::api::names::{KCP_FINALIZER, PAUSED_ANNOTATION};
 use crate::api::{KThreesControlPlane, Machine};
@@ -298,16 +299,34 @@ fn machine_view(
         components_healthy: node.and_then(|n| n.ready),
         has_our_hook: annotations.contains_key(PRE_TERMINATE_HOOK_ANNOTATION),
         hook_member,
-        other_pre_terminate_hooks: annotations
-            .keys()
-            .filter(|k| {
-                k.starts_with(PRE_TERMINATE_HOOK_PREFIX)
-                    && k.as_str() != PRE_TERMINATE_HOOK_ANNOTATION
-            })
-            .cloned()
-            .collect(),
+        has_upstream_hook: has_upstream_hook(annotations),
+        other_pre_terminate_hooks: other_pre_terminate_hooks(annotations),
         waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,
     })
+}
+
+/// cluster-api-k3s's hook is on the Machine: its key with its value, exactly
+/// as its Machine controller tests for it before releasing it.
+pub fn has_upstream_hook(annotations: &BTreeMap<String, String>) -> bool {
+    annotations
+        .get(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION)
+        .is_some_and(|v| v == UPSTREAM_PRE_TERMINATE_HOOK_VALUE)
+}
+
+/// The pre-terminate hooks of other owners: every key CAPI counts as a hook
+/// (prefix match without a trailing `/`, as CAPI's Machine controller does),
+/// but ours and cluster-api-k3s's (which is ours to release after a takeover).
+/// The bare key under any other value is someone else's.
+pub fn other_pre_terminate_hooks(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    annotations
+        .keys()
+        .filter(|k| k.starts_with(CAPI_PRE_TERMINATE_HOOK_PREFIX))
+        .filter(|k| k.as_str() != PRE_TERMINATE_HOOK_ANNOTATION)
+        .filter(|k| {
+            k.as_str() != UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION || !has_upstream_hook(annotations)
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -402,6 +421,55 @@ mod tests {
             matches!(view.etcd, EtcdState::Observed(_)),
             "{:?}",
             view.etcd
+        );
+    }
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_upstream_hook_is_not_another_owners_hook() {
+        let a = annotations(&[
+            ("pre-terminate.delete.hook.machine.cluster.x-k8s.io", "k3s"),
+            (PRE_TERMINATE_HOOK_ANNOTATION, "member=1"),
+        ]);
+        assert!(has_upstream_hook(&a));
+        assert!(other_pre_terminate_hooks(&a).is_empty());
+    }
+
+    #[test]
+    fn foreign_hooks_still_block_including_the_bare_key_under_another_value() {
+        // CAPI matches the prefix without `/`: these all hold the Machine.
+        let a = annotations(&[
+            (
+                "pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup",
+                "",
+            ),
+            (
+                "pre-terminate.delete.hook.machine.cluster.x-k8s.ioextra",
+                "",
+            ),
+            ("pre-drain.delete.hook.machine.cluster.x-k8s.io/x", ""),
+        ]);
+        assert_eq!(
+            other_pre_terminate_hooks(&a),
+            vec![
+                "pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup".to_string(),
+                "pre-terminate.delete.hook.machine.cluster.x-k8s.ioextra".to_string(),
+            ]
+        );
+        let a = annotations(&[(
+            "pre-terminate.delete.hook.machine.cluster.x-k8s.io",
+            "backup",
+        )]);
+        assert!(!has_upstream_hook(&a));
+        assert_eq!(
+            other_pre_terminate_hooks(&a),
+            vec!["pre-terminate.delete.hook.machine.cluster.x-k8s.io".to_string()]
         );
     }
 

@@ -1,8 +1,10 @@
 //! What Cluster API's own Machine controller does when a Machine is deleted, and
 //! nothing more, for tests and the demo where no CAPI runs:
 //! - a Machine gets CAPI's finalizer `machine.cluster.x-k8s.io` when it appears;
-//! - once it is deleting and any `pre-terminate.delete.hook.machine.cluster.x-k8s.io/*`
-//!   annotation remains, CAPI reports that it waits on the hooks: v1beta2
+//! - once it is deleting and any annotation whose key starts with
+//!   `pre-terminate.delete.hook.machine.cluster.x-k8s.io` remains (CAPI's prefix
+//!   test has no `/`, so cluster-api-k3s's bare key counts too), CAPI reports
+//!   that it waits on the hooks: v1beta2
 //!   condition `Deleting=True` reason `WaitingForPreTerminateHook`, and the
 //!   v1beta1 condition `PreTerminateDeleteHookSucceeded=False` reason
 //!   `WaitingExternalHook` under `status.deprecated.v1beta1.conditions`;
@@ -21,7 +23,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
-pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+/// CAPI's hook prefix, matched as CAPI does (`strings.HasPrefix`, no `/`).
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = crate::api::names::CAPI_PRE_TERMINATE_HOOK_PREFIX;
 
 /// `cluster.x-k8s.io/v1beta2` Machines, untyped: the simulator only touches
 /// metadata and conditions.
@@ -195,7 +198,7 @@ mod tests {
         machine.metadata.annotations = Some(
             [
                 (
-                    format!("{PRE_TERMINATE_HOOK_PREFIX}k3s-control-plane"),
+                    format!("{PRE_TERMINATE_HOOK_PREFIX}/k3s-control-plane"),
                     String::new(),
                 ),
                 (
@@ -207,7 +210,23 @@ mod tests {
         );
         assert_eq!(
             pre_terminate_hooks(&machine),
-            vec![format!("{PRE_TERMINATE_HOOK_PREFIX}k3s-control-plane")]
+            vec![format!("{PRE_TERMINATE_HOOK_PREFIX}/k3s-control-plane")]
+        );
+    }
+
+    #[test]
+    fn the_bare_prefix_key_of_cluster_api_k3s_counts_as_a_hook() {
+        let mut machine = DynamicObject::new("m1", &machine_resource());
+        machine.metadata.annotations = Some(
+            [(
+                "pre-terminate.delete.hook.machine.cluster.x-k8s.io".to_string(),
+                "k3s".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            pre_terminate_hooks(&machine),
+            vec!["pre-terminate.delete.hook.machine.cluster.x-k8s.io".to_string()]
         );
     }
 }

@@ -15,8 +15,10 @@ use crate::quorum::MemberView;
 // because the rules speak of them.
 pub use crate::api::kcp::DEFAULT_MIN_HEALTHY_PERIOD;
 pub use crate::api::names::{
-    DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION, PRE_TERMINATE_HOOK_PREFIX,
-    REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
+    CAPI_PRE_TERMINATE_HOOK_PREFIX, DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION,
+    PRE_TERMINATE_HOOK_PREFIX, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
+    REMEDIATION_IN_PROGRESS_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
 };
 
 /// A remediation as recorded in the `remediation-in-progress` / `remediation-for`
@@ -27,8 +29,11 @@ pub struct RemediationData {
     /// The machine being (or last) remediated.
     pub machine: String,
     /// When the remediation happened; `None` when the annotation carries a null
-    /// timestamp (CAPI writes that for a zero time), which counts as long ago.
+    /// timestamp (CAPI writes that for a zero time) or none at all (Go's
+    /// decoder, which cluster-api-k3s uses, accepts a missing field), which
+    /// counts as long ago.
     #[serde(
+        default,
         serialize_with = "serialize_timestamp",
         deserialize_with = "deserialize_timestamp"
     )]
@@ -183,6 +188,10 @@ pub struct MachineView {
     /// [`super::steps::hook_value`]), so the member to remove survives the
     /// Node and its mapping going away.
     pub hook_member: Option<u64>,
+    /// cluster-api-k3s's hook (`pre-terminate.delete.hook.machine.cluster.x-k8s.io: k3s`)
+    /// is on the Machine: left by the upstream controller this one replaced,
+    /// ours to release once the member is gone (never another owner's hook).
+    pub has_upstream_hook: bool,
     /// Other pre-terminate hooks (other owners) still on the Machine.
     pub other_pre_terminate_hooks: Vec<String>,
     /// CAPI reports it drained the node and waits on pre-terminate hooks
@@ -212,6 +221,7 @@ impl MachineView {
             components_healthy: None,
             has_our_hook: false,
             hook_member: None,
+            has_upstream_hook: false,
             other_pre_terminate_hooks: Vec::new(),
             waiting_for_pre_terminate_hook: false,
         }
@@ -363,6 +373,74 @@ mod tests {
             .unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("kcp/cp: annotation controlplane.cluster.x-k8s.io/remediation-in-progress is not valid remediation data"), "{msg}");
+    }
+
+    /// cluster-api-k3s marshals its `RemediationData` with Go's encoding/json:
+    /// `metav1.Time` at seconds precision in UTC, `retryCount` always written.
+    #[test]
+    fn an_upstream_remediation_in_progress_value_is_continued_with_its_retry_count() {
+        let upstream = r#"{"machine":"prod-control-plane-4hv9q","timestamp":"2026-11-30T08:15:42Z","retryCount":2}"#;
+        let data = RemediationData::parse(
+            upstream,
+            "KThreesControlPlane team-a/prod-control-plane",
+            REMEDIATION_IN_PROGRESS_ANNOTATION,
+        )
+        .unwrap();
+        assert_eq!(data.machine, "prod-control-plane-4hv9q");
+        assert_eq!(
+            data.timestamp,
+            Some(Utc.with_ymd_and_hms(2026, 11, 30, 8, 15, 42).unwrap())
+        );
+        assert_eq!(data.retry_count, 2);
+        // Written back byte for byte as upstream wrote it: the replacement's
+        // `remediation-for` and a rollback to upstream read the same value.
+        assert_eq!(data.to_annotation(), upstream);
+    }
+
+    #[test]
+    fn upstream_format_variants_go_accepts_are_accepted() {
+        let parse =
+            |v: &str| RemediationData::parse(v, "kcp/cp", REMEDIATION_IN_PROGRESS_ANNOTATION);
+        // Fractional seconds and an offset (Go's RFC 3339 parser takes both).
+        let data =
+            parse(r#"{"machine":"m1","timestamp":"2026-11-30T09:15:42.123+01:00","retryCount":0}"#)
+                .unwrap();
+        assert_eq!(
+            data.timestamp.map(|t| t.timestamp()),
+            Some(
+                Utc.with_ymd_and_hms(2026, 11, 30, 8, 15, 42)
+                    .unwrap()
+                    .timestamp()
+            )
+        );
+        // Missing timestamp and retryCount: Go leaves them zero.
+        let data = parse(r#"{"machine":"m1"}"#).unwrap();
+        assert_eq!((data.timestamp, data.retry_count), (None, 0));
+        // Unknown fields are ignored, as Go does.
+        assert!(parse(r#"{"machine":"m1","timestamp":null,"retryCount":1,"extra":true}"#).is_ok());
+    }
+
+    #[test]
+    fn a_malformed_upstream_record_is_refused_naming_the_object_and_annotation() {
+        for bad in [
+            r#"{"machine":"m1","timestamp":"30/11/2026 08:15","retryCount":0}"#,
+            r#"{"machine":"m1","timestamp":"2026-11-30T08:15:42Z","retryCount":"2"}"#,
+            r#"{"timestamp":"2026-11-30T08:15:42Z","retryCount":0}"#,
+            "machine=m1",
+        ] {
+            let err = RemediationData::parse(
+                bad,
+                "KThreesControlPlane team-a/prod-control-plane",
+                REMEDIATION_IN_PROGRESS_ANNOTATION,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.starts_with("KThreesControlPlane team-a/prod-control-plane: annotation controlplane.cluster.x-k8s.io/remediation-in-progress is not valid remediation data"),
+                "{err}"
+            );
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
     }
 
     #[test]

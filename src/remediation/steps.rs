@@ -21,6 +21,14 @@
 //!
 //! Scale-down runs the same steps without 1 and 10. [`resume`] rebuilds the
 //! in-flight removal from what is observable (the KCP annotation, our hook).
+//!
+//! After a migration from cluster-api-k3s, a Machine that upstream left
+//! deleting with only its own hook (`pre-terminate.delete.hook.machine.cluster.x-k8s.io: k3s`)
+//! is a removal in flight too: we add our hook (recording the member the real
+//! membership maps to it, or none when its member is already gone; refusing
+//! when a member no Machine claims could be its own), then run steps 5-9,
+//! and step 9 releases upstream's hook together with ours (rule
+//! `upstream-hook.takeover`, docs/migration.md).
 
 use std::fmt;
 
@@ -70,7 +78,14 @@ pub enum WaitReason {
     NoMemberToAsk,
     /// Our hook is released; CAPI is finishing the deletion.
     MachineGoing,
+    /// A Machine left deleting by cluster-api-k3s has no mapped member, but
+    /// some member is claimed by no Machine: it could be this Machine's.
+    UpstreamMemberUnknown,
 }
+
+/// The rule named in logs, Events and conditions when a hook of
+/// cluster-api-k3s is taken over.
+pub const UPSTREAM_TAKEOVER_RULE: &str = "upstream-hook.takeover";
 
 /// The one next step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,6 +250,9 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     }
 
     if !target.has_our_hook {
+        if target.has_upstream_hook {
+            return take_over_upstream_hook(view, target);
+        }
         if record.is_none() {
             // Scale-down: our part is over; the scale-down preflight waits for
             // deleting machines anyway.
@@ -293,6 +311,70 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
     Step::ReleaseHook {
         machine: target.name.clone(),
     }
+}
+
+/// A deleting Machine that carries only cluster-api-k3s's hook: upstream was
+/// scaled to 0 mid-deletion. Take it over by adding our hook, whose value
+/// records the member the real membership maps to the Machine; the usual
+/// steps then move leadership off it, remove that member and release both
+/// hooks. Without a mapped member, the member is gone only if every member is
+/// claimed by another Machine; otherwise refuse: never guess.
+fn take_over_upstream_hook(view: &ControlPlaneView, target: &MachineView) -> Step {
+    let add = |member| Step::AddHook {
+        machine: target.name.clone(),
+        member,
+    };
+    let membership = match etcd_in_scope(view) {
+        Err(message) => {
+            return wait(
+                WaitReason::EtcdUnreachable,
+                format!(
+                    "{UPSTREAM_TAKEOVER_RULE}: not taking over the cluster-api-k3s hook of {}: {message}",
+                    target.name
+                ),
+            );
+        }
+        Ok(None) => return add(None),
+        Ok(Some(m)) => m,
+    };
+    if let Some(member) = current_member(view, target) {
+        return add(Some(member));
+    }
+    let unclaimed = unclaimed_members(view, membership);
+    if unclaimed.is_empty() {
+        // Every member belongs to another Machine: this one's is already gone.
+        return add(None);
+    }
+    wait(
+        WaitReason::UpstreamMemberUnknown,
+        format!(
+            "{UPSTREAM_TAKEOVER_RULE}: {} (deleting, cluster-api-k3s hook) maps to no etcd member, but {} claimed by no Machine ({}); it may be this Machine's: not releasing the hook on a guess (give its Node the annotation etcd.k3s.cattle.io/node-name, or remove the member with `k3s-control-plane etcd remove-member`)",
+            target.name,
+            if unclaimed.len() == 1 {
+                "a member is"
+            } else {
+                "members are"
+            },
+            unclaimed.join(", ")
+        ),
+    )
+}
+
+/// Labels of the members no Machine maps to (by the mapping or a hook's
+/// record); an unnamed (starting) member is never claimed.
+fn unclaimed_members(view: &ControlPlaneView, membership: &Membership) -> Vec<String> {
+    membership
+        .members
+        .iter()
+        .filter(|member| {
+            member.name.is_empty()
+                || !view
+                    .machines
+                    .iter()
+                    .any(|m| m.etcd_member == Some(member.id) || m.hook_member == Some(member.id))
+        })
+        .map(|member| member.label())
+        .collect()
 }
 
 fn after_machine_gone(
@@ -463,7 +545,9 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
 
 /// The removal in flight, rebuilt from what is observable (after a restart, or
 /// on any reconcile): the remediation recorded on the KCP, else a machine that
-/// carries our hook (a scale-down). `None`: nothing in flight.
+/// carries our hook, or a deleting machine that carries cluster-api-k3s's
+/// (a scale-down, a rollout or a remediation upstream started and did not
+/// finish). `None`: nothing in flight.
 pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     if let Some(record) = &view.remediation_in_progress {
         return Some(Removal {
@@ -475,10 +559,356 @@ pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     }
     view.machines
         .iter()
-        .filter(|m| m.has_our_hook)
+        .filter(|m| m.has_our_hook || (m.has_upstream_hook && m.is_deleting()))
         .min_by_key(|m| (m.deleting.is_none(), m.deleting, m.name.clone()))
         .map(|m| Removal {
             machine: m.name.clone(),
             kind: RemovalKind::ScaleDown,
         })
+}
+
+/// Machines cluster-api-k3s left behind: its hook is ours to release, after
+/// the real membership says the member is gone.
+#[cfg(test)]
+mod upstream_hook_tests {
+    use super::*;
+    use crate::quorum::MemberView;
+    use crate::remediation::model::RemediationStrategy;
+    use chrono::{DateTime, Duration, TimeZone, Utc};
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap()
+    }
+
+    fn machine(i: u64) -> MachineView {
+        let mut m = MachineView::new(
+            &format!("m{i}"),
+            now() - Duration::hours(3) + Duration::minutes(i as i64),
+        );
+        m.etcd_member = Some(i);
+        m.components_healthy = Some(true);
+        m
+    }
+
+    fn member(id: u64) -> MemberView {
+        MemberView {
+            id,
+            name: format!("node-m{id}-{id:08x}"),
+            learner: false,
+            probe_error: None,
+            alarms: vec![],
+        }
+    }
+
+    /// Three machines and members; m1 upstream left deleting, CAPI waiting on
+    /// its hook; m1 leads etcd.
+    fn left_deleting_by_upstream() -> ControlPlaneView {
+        let mut m1 = machine(1);
+        m1.deleting = Some(now() - Duration::minutes(10));
+        m1.has_upstream_hook = true;
+        m1.waiting_for_pre_terminate_hook = true;
+        ControlPlaneView {
+            name: "cp".into(),
+            initialized: true,
+            desired_replicas: 3,
+            strategy: RemediationStrategy::default(),
+            remediation_in_progress: None,
+            etcd: EtcdState::Observed(Membership {
+                members: vec![member(1), member(2), member(3)],
+                leader: Some(1),
+            }),
+            failure_domains: vec![],
+            pending_topology_version: None,
+            machines: vec![m1, machine(2), machine(3)],
+        }
+    }
+
+    fn membership(view: &mut ControlPlaneView) -> &mut Membership {
+        match &mut view.etcd {
+            EtcdState::Observed(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    fn m1(view: &mut ControlPlaneView) -> &mut MachineView {
+        &mut view.machines[0]
+    }
+
+    /// Execute a step in the simulated world (what etcd and CAPI do too).
+    fn apply(view: &mut ControlPlaneView, step: &Step) {
+        match step {
+            Step::AddHook { member, .. } => {
+                m1(view).has_our_hook = true;
+                m1(view).hook_member = *member;
+            }
+            Step::MoveLeadership { to, .. } => membership(view).leader = Some(*to),
+            Step::RemoveMember { member, .. } => {
+                membership(view).members.retain(|m| m.id != *member)
+            }
+            Step::ReleaseHook { .. } => {
+                // Both hooks go in one patch; CAPI then deletes the Machine.
+                view.machines.retain(|m| m.name != "m1");
+            }
+            other => panic!("unexpected step {other:?}"),
+        }
+    }
+
+    fn walk(mut view: ControlPlaneView) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            // Rebuilt from the world every time, as after a restart.
+            let Some(removal) = resume(&view) else {
+                return steps;
+            };
+            let step = next_step(&view, &removal);
+            if step == Step::Done {
+                return steps;
+            }
+            apply(&mut view, &step);
+            steps.push(step);
+        }
+        panic!("no end: {steps:?}");
+    }
+
+    #[test]
+    fn a_machine_left_deleting_with_the_upstream_hook_is_a_removal_in_flight() {
+        let view = left_deleting_by_upstream();
+        assert_eq!(
+            resume(&view),
+            Some(Removal {
+                machine: "m1".into(),
+                kind: RemovalKind::ScaleDown
+            })
+        );
+    }
+
+    #[test]
+    fn a_live_machine_with_the_upstream_hook_is_not_in_flight() {
+        // Upstream adds its hook right before deleting; on a live Machine it is
+        // a leftover that waits for a removal of ours.
+        let mut view = left_deleting_by_upstream();
+        m1(&mut view).deleting = None;
+        m1(&mut view).waiting_for_pre_terminate_hook = false;
+        assert_eq!(resume(&view), None);
+    }
+
+    #[test]
+    fn upstream_leader_left_deleting_leadership_moves_then_member_removed_then_both_hooks_released()
+    {
+        let steps = walk(left_deleting_by_upstream());
+        let names: Vec<&str> = steps.iter().map(Step::name).collect();
+        assert_eq!(
+            names,
+            [
+                "add-hook",
+                "move-leadership",
+                "remove-member",
+                "release-hook"
+            ]
+        );
+        assert_eq!(
+            steps[0],
+            Step::AddHook {
+                machine: "m1".into(),
+                member: Some(1)
+            }
+        );
+        assert!(matches!(
+            steps[1],
+            Step::MoveLeadership { from: 1, to: 2 | 3 }
+        ));
+        assert!(matches!(steps[2], Step::RemoveMember { member: 1, via, .. } if via != 1));
+    }
+
+    #[test]
+    fn upstream_follower_left_deleting_member_removed_without_leadership_move() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).leader = Some(2);
+        let names: Vec<&'static str> = walk(view).iter().map(Step::name).collect();
+        assert_eq!(names, ["add-hook", "remove-member", "release-hook"]);
+    }
+
+    #[test]
+    fn upstream_left_deleting_member_already_gone_just_releases() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).members.retain(|m| m.id != 1);
+        membership(&mut view).leader = Some(2);
+        m1(&mut view).etcd_member = None;
+        let steps = walk(view);
+        assert_eq!(
+            steps[0],
+            Step::AddHook {
+                machine: "m1".into(),
+                member: None
+            }
+        );
+        let names: Vec<&str> = steps.iter().map(Step::name).collect();
+        assert_eq!(names, ["add-hook", "release-hook"]);
+    }
+
+    #[test]
+    fn upstream_hook_is_never_released_before_the_member_is_gone() {
+        // Whatever state, as long as m1's member is in the membership, the
+        // next step is not a release.
+        let mut view = left_deleting_by_upstream();
+        m1(&mut view).has_our_hook = true;
+        m1(&mut view).hook_member = Some(1);
+        for leader in [Some(1), Some(2), None] {
+            membership(&mut view).leader = leader;
+            let step = next_step(&view, &resume(&view).unwrap());
+            assert_ne!(step.name(), "release-hook", "leader {leader:?}: {step:?}");
+        }
+    }
+
+    #[test]
+    fn upstream_left_deleting_member_unmapped_refuses_naming_the_unclaimed_member() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).leader = Some(2);
+        // m1's member is there but cannot be mapped (no Node annotation, no name).
+        m1(&mut view).etcd_member = None;
+        let step = next_step(&view, &resume(&view).unwrap());
+        match step {
+            Step::Wait {
+                reason: WaitReason::UpstreamMemberUnknown,
+                message,
+            } => {
+                assert!(message.contains(UPSTREAM_TAKEOVER_RULE), "{message}");
+                assert!(message.contains("node-m1-00000001"), "{message}");
+                assert!(message.contains("m1"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn upstream_left_deleting_with_an_unnamed_member_refuses() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).members.retain(|m| m.id != 1);
+        membership(&mut view).members.push(MemberView {
+            name: String::new(),
+            ..member(9)
+        });
+        membership(&mut view).leader = Some(2);
+        m1(&mut view).etcd_member = None;
+        let step = next_step(&view, &resume(&view).unwrap());
+        assert!(
+            matches!(
+                step,
+                Step::Wait {
+                    reason: WaitReason::UpstreamMemberUnknown,
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn upstream_left_deleting_quorum_at_risk_refuses_member_removal() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).leader = Some(2);
+        membership(&mut view).members[2].probe_error = Some("connection refused".into());
+        m1(&mut view).has_our_hook = true;
+        m1(&mut view).hook_member = Some(1);
+        let step = next_step(&view, &resume(&view).unwrap());
+        assert!(
+            matches!(
+                step,
+                Step::Wait {
+                    reason: WaitReason::QuorumAtRisk,
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn upstream_left_deleting_etcd_unreachable_refuses_takeover() {
+        let mut view = left_deleting_by_upstream();
+        view.etcd = EtcdState::Unreachable {
+            reason: "connection refused".into(),
+        };
+        let step = next_step(&view, &resume(&view).unwrap());
+        match step {
+            Step::Wait {
+                reason: WaitReason::EtcdUnreachable,
+                message,
+            } => {
+                assert!(message.contains(UPSTREAM_TAKEOVER_RULE), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn upstream_hook_does_not_count_as_another_owners_hook_but_foreign_ones_still_block() {
+        let mut view = left_deleting_by_upstream();
+        membership(&mut view).leader = Some(2);
+        m1(&mut view).has_our_hook = true;
+        m1(&mut view).hook_member = Some(1);
+        // The view keeps upstream's hook out of the other hooks: removal goes on.
+        assert_eq!(
+            next_step(&view, &resume(&view).unwrap()).name(),
+            "remove-member"
+        );
+        m1(&mut view).other_pre_terminate_hooks =
+            vec!["pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup".into()];
+        let step = next_step(&view, &resume(&view).unwrap());
+        assert!(
+            matches!(
+                step,
+                Step::Wait {
+                    reason: WaitReason::OtherHooks,
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn upstream_remediation_in_flight_is_continued_with_its_record() {
+        // Upstream recorded the remediation of m1 (retry 1) and deleted it.
+        let mut view = left_deleting_by_upstream();
+        let record = RemediationData {
+            machine: "m1".into(),
+            timestamp: Some(now() - Duration::minutes(10)),
+            retry_count: 1,
+        };
+        view.remediation_in_progress = Some(record.clone());
+        let removal = resume(&view).unwrap();
+        assert_eq!(
+            removal.kind,
+            RemovalKind::Remediation {
+                record: record.clone()
+            }
+        );
+        let mut names = Vec::new();
+        for _ in 0..10 {
+            let step = next_step(&view, &removal);
+            names.push(step.name());
+            match &step {
+                Step::CreateReplacement { remediation_for } => {
+                    assert_eq!(remediation_for, &record);
+                    break;
+                }
+                Step::Wait {
+                    reason: WaitReason::MachineGoing,
+                    ..
+                } => view.machines.retain(|m| m.name != "m1"),
+                step => apply(&mut view, step),
+            }
+        }
+        assert_eq!(
+            names,
+            [
+                "add-hook",
+                "move-leadership",
+                "remove-member",
+                "release-hook",
+                "create-replacement"
+            ]
+        );
+    }
 }
