@@ -386,3 +386,58 @@ async fn an_upstream_remediation_in_flight_is_continued_with_its_retry_count() {
     eprintln!("upstream remediation continued and replaced in {took:?}");
     controller.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tearing_down_an_upstream_control_plane_releases_upstreams_hooks_too() {
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let all: Vec<&str> = sandbox.machines.iter().map(String::as_str).collect();
+    as_upstream_left_it(&sandbox, &all).await;
+    let controller = sandbox.start_controller();
+    wait_reconciles(&sandbox, &controller.ctx, 2).await;
+    // The whole cluster goes: CAPI deletes the control plane; no member is
+    // removed (its servers go with it), every hook is released, ours and
+    // upstream's, or CAPI would keep each Machine forever.
+    let clusters: kube::Api<k3s_control_plane::api::Cluster> = kube::Api::namespaced(
+        sandbox.client(),
+        k3s_control_plane::harness::sandbox::NAMESPACE,
+    );
+    clusters
+        .delete(
+            k3s_control_plane::harness::sandbox::CLUSTER,
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .kcp_api()
+        .delete(
+            k3s_control_plane::harness::sandbox::KCP,
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .wait_for("every Machine gone", LIMIT, || async {
+            let left = machines(&sandbox).await;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left
+                    .iter()
+                    .map(|m| format!("{} {:?}", m.name_any(), m.annotations()))
+                    .collect::<Vec<_>>()
+                    .join("; "))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot(&sandbox, &admin).await.members.len(),
+        3,
+        "a member was removed during teardown"
+    );
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
+    controller.stop().await;
+}

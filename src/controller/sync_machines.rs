@@ -26,6 +26,7 @@ use crate::api::names::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, PRE_TERMINATE_HOOK_ANNOTATION,
     REMEDIATION_FOR_ANNOTATION, SPEC_HASH_ANNOTATION, SYNCED_METADATA_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
 };
 use crate::api::{KThreesConfig, KThreesControlPlane, Machine};
 
@@ -48,8 +49,9 @@ const RESERVED_LABELS: [&str; 3] = [
 /// the same name must not overwrite them, nor its removal delete them (a
 /// removed pre-terminate hook would let CAPI delete a Machine mid-removal; an
 /// overwritten spec hash would hide or fake a rollout).
-const RESERVED_ANNOTATIONS: [&str; 6] = [
+const RESERVED_ANNOTATIONS: [&str; 7] = [
     SYNCED_METADATA_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
     SPEC_HASH_ANNOTATION,
     REMEDIATION_FOR_ANNOTATION,
     PRE_TERMINATE_HOOK_ANNOTATION,

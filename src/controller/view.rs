@@ -206,10 +206,16 @@ pub fn lifecycle_view(world: &World) -> LifecycleView {
             .map(|m| OwnedMachine {
                 name: name_of(m),
                 deleting: m.is_deleting(),
+                // cluster-api-k3s's hook on a Machine it left is ours to
+                // release too, or a teardown would wait on it forever.
                 has_our_hook: has(
                     m.metadata.annotations.as_ref(),
                     PRE_TERMINATE_HOOK_ANNOTATION,
-                ),
+                ) || m
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(has_upstream_hook),
             })
             .collect(),
         foreign_machines: world.foreign_machines.clone(),
