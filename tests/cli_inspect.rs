@@ -447,3 +447,121 @@ async fn inspect_namespace_lists_every_control_plane_one_line_each() {
         "inspect changed the server"
     );
 }
+
+/// `status.etcd.quorumMargin` of `name`, or why not yet.
+async fn etcd_status(sandbox: &Sandbox, name: &str) -> Option<Value> {
+    let kcp = sandbox.kcp_api().get(name).await.ok()?;
+    let status = serde_json::to_value(kcp.status?).ok()?;
+    status.get("etcd").cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_writes_status_etcd_and_its_gauges_as_inspect_sees_them() {
+    use k3s_control_plane::controller::metrics::ClusterLabels;
+    use k3s_control_plane::harness::sandbox::docker_machine_template;
+    use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let _lost_workload = add_lost_control_plane(&sandbox).await;
+    // The lost control plane can create its Machine (it never boots).
+    let templates: Api<DynamicObject> =
+        Api::namespaced_with(sandbox.client(), NAMESPACE, &docker_machine_template());
+    let mut template =
+        DynamicObject::new("lost-control-plane-template", &docker_machine_template())
+            .within(NAMESPACE);
+    template.data = serde_json::json!({"spec": {"template": {"spec": {}}}});
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    // A margin left from an earlier read must not survive a reconcile that
+    // cannot read etcd.
+    let stale = serde_json::json!({"status": {"etcd": {"members": 3, "voters": 3,
+        "healthyVoters": 3, "quorum": 2, "quorumMargin": 1, "voterHealth": "3/3"}}});
+    sandbox
+        .kcp_api()
+        .patch_status(
+            "lost-control-plane",
+            &PatchParams::default(),
+            &Patch::Merge(&stale),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("management.yaml");
+    std::fs::write(
+        &kubeconfig,
+        serde_yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+    )
+    .unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+
+    let controller = sandbox.start_controller();
+    let gauge = |cluster: &str| {
+        controller
+            .ctx
+            .metrics
+            .etcd_quorum_margin
+            .get(&ClusterLabels {
+                cluster: format!("{NAMESPACE}/{cluster}"),
+            })
+            .map(|g| g.get())
+    };
+    let healthy = serde_json::json!({"members": 3, "voters": 3, "healthyVoters": 3,
+        "quorum": 2, "quorumMargin": 1, "voterHealth": "3/3"});
+    sandbox
+        .wait_for("status.etcd 3/3 on demo, none on lost", LIMIT, || async {
+            let demo = etcd_status(&sandbox, KCP).await;
+            let lost = etcd_status(&sandbox, "lost-control-plane").await;
+            if demo.as_ref() == Some(&healthy) && lost.is_none() {
+                Ok(())
+            } else {
+                Err(format!("demo {demo:?}, lost {lost:?}"))
+            }
+        })
+        .await
+        .unwrap();
+    let lost = sandbox.kcp_api().get("lost-control-plane").await.unwrap();
+    let condition = lost
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "EtcdClusterHealthy")
+        .unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("Unknown", "EtcdUnreachable")
+    );
+    assert_eq!(gauge("demo"), Some(1));
+    assert_eq!(gauge("lost"), None);
+
+    // One member down: the margin is 0 in status, the gauge and inspect.
+    // (not the leader: no election to wait for.)
+    let leader = sandbox.etcd.connect().snapshot().await.unwrap().leader;
+    let down = (0..3)
+        .find(|&i| Some(i) != leader.and_then(|id| sandbox.etcd.index_of(id)))
+        .unwrap();
+    sandbox.etcd.stop(down).await.unwrap();
+    sandbox
+        .wait_for("status.etcd margin 0 on demo", LIMIT, || async {
+            let demo = etcd_status(&sandbox, KCP).await;
+            match &demo {
+                Some(e) if e["quorumMargin"] == 0 && e["voterHealth"] == "2/3" => Ok(()),
+                _ => Err(format!("demo {demo:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(gauge("demo"), Some(0));
+    let out = inspect(&["-n", NAMESPACE, "--kubeconfig", &kubeconfig]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    println!("{text}");
+    let demo: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with(KCP))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(demo[4..7], ["2/3", "2", "0"], "{text}");
+    controller.stop().await;
+}
