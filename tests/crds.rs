@@ -117,9 +117,39 @@ fn kcp_has_scale_and_status_subresources_short_name_and_columns() {
             "Updated",
             "Unavailable",
             "Version",
+            "Etcd",
+            "Etcd Margin",
             "Age"
         ]
     );
+    // The etcd quorum columns read status.etcd, absent while etcd is unknown.
+    let column = |name: &str| {
+        version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(column("Etcd")["jsonPath"], ".status.etcd.voterHealth");
+    assert_eq!(column("Etcd")["type"], "string");
+    assert_eq!(
+        column("Etcd Margin")["jsonPath"],
+        ".status.etcd.quorumMargin"
+    );
+    assert_eq!(column("Etcd Margin")["type"], "integer");
+    let etcd = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["etcd"];
+    for field in [
+        "members",
+        "voters",
+        "healthyVoters",
+        "quorum",
+        "quorumMargin",
+        "voterHealth",
+    ] {
+        assert!(etcd["properties"][field].is_object(), "status.etcd.{field}");
+    }
 }
 
 /// Collect every `x-kubernetes-validations` entry in a schema tree.

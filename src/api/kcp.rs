@@ -113,6 +113,8 @@ fn version_no_minor_skip_rule() -> kube::core::Rule {
     printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.updatedReplicas","description":"Machines with the desired spec"}"#,
     printcolumn = r#"{"name":"Unavailable","type":"integer","jsonPath":".status.unavailableReplicas","description":"Machines still needed for full capacity"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"Desired k3s version"}"#,
+    printcolumn = r#"{"name":"Etcd","type":"string","jsonPath":".status.etcd.voterHealth","description":"Healthy etcd voters / voters, from the real membership this reconcile (empty when etcd could not be read: see the EtcdClusterHealthy condition)"}"#,
+    printcolumn = r#"{"name":"Etcd Margin","type":"integer","jsonPath":".status.etcd.quorumMargin","description":"Healthy etcd voters that can still be lost before quorum is lost (0: the next loss breaks quorum; negative: quorum lost; empty: etcd unknown)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(
@@ -279,9 +281,37 @@ pub struct KThreesControlPlaneStatus {
     /// The last remediation we performed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_remediation: Option<super::RemediationData>,
+    /// The embedded etcd's quorum, from the real membership read in this
+    /// reconcile. Absent (never zeros, never the last value) when etcd was
+    /// not read this time: unreachable, no credentials, an external
+    /// datastore, paused, or a lifecycle step (deletion, Secrets) that
+    /// stopped the reconcile before the workload cluster; the
+    /// `EtcdClusterHealthy` condition then says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdQuorumStatus>,
     /// CAPI v1beta1-style fields kept for older readers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<DeprecatedStatus>,
+}
+
+/// `status.etcd`: the quorum arithmetic of the embedded etcd as it stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdQuorumStatus {
+    /// Every member, learners included.
+    pub members: i32,
+    /// Voting members (learners do not vote).
+    pub voters: i32,
+    /// Voters whose own endpoint answered without errors or alarms.
+    pub healthy_voters: i32,
+    /// Voters needed for quorum: voters / 2 + 1.
+    pub quorum: i32,
+    /// healthyVoters - quorum: how many more healthy voters can be lost
+    /// before quorum is lost. 0: the next loss breaks quorum; negative:
+    /// quorum is lost (etcd cannot commit).
+    pub quorum_margin: i32,
+    /// `healthyVoters/voters`, e.g. `3/3` (the printer column).
+    pub voter_health: String,
 }
 
 /// `status.initialization` of the CAPI v1beta2 control-plane contract.

@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::api::kcp::EtcdQuorumStatus;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     /// The pipeline stage that failed (observe, validate, act, status).
@@ -37,6 +39,12 @@ pub struct EtcdTransportLabels {
     pub transport: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    /// `<namespace>/<cluster>`.
+    pub cluster: String,
+}
+
 /// Every metric the controller exports, registered in one registry.
 #[derive(Clone)]
 pub struct Metrics {
@@ -50,6 +58,12 @@ pub struct Metrics {
     pub leader: Gauge,
     /// 1 for the transport each cluster's etcd was last reached by, 0 for the other.
     pub etcd_transport: Family<EtcdTransportLabels, Gauge>,
+    /// `status.etcd.quorumMargin` per cluster, only while etcd was read.
+    pub etcd_quorum_margin: Family<ClusterLabels, Gauge>,
+    /// `status.etcd.voters` per cluster, only while etcd was read.
+    pub etcd_voters: Family<ClusterLabels, Gauge>,
+    /// `status.etcd.healthyVoters` per cluster, only while etcd was read.
+    pub etcd_healthy_voters: Family<ClusterLabels, Gauge>,
 }
 
 impl Metrics {
@@ -65,6 +79,9 @@ impl Metrics {
             reconcile_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
             etcd_transport: Family::default(),
+            etcd_quorum_margin: Family::default(),
+            etcd_voters: Family::default(),
+            etcd_healthy_voters: Family::default(),
         };
         let sub = registry.sub_registry_with_prefix("k3scp");
         sub.register(
@@ -102,7 +119,66 @@ impl Metrics {
             "1 for the transport (direct, port-forward) each cluster's etcd is reached by",
             metrics.etcd_transport.clone(),
         );
+        sub.register(
+            "etcd_quorum_margin",
+            "Healthy etcd voters minus quorum: how many more can be lost before quorum is (0: the next loss breaks quorum; negative: lost); absent while etcd is unknown",
+            metrics.etcd_quorum_margin.clone(),
+        );
+        sub.register(
+            "etcd_voters",
+            "Voting etcd members; absent while etcd is unknown",
+            metrics.etcd_voters.clone(),
+        );
+        sub.register(
+            "etcd_healthy_voters",
+            "Healthy voting etcd members; absent while etcd is unknown",
+            metrics.etcd_healthy_voters.clone(),
+        );
         metrics
+    }
+
+    /// The quorum of `cluster` (`<namespace>/<cluster>`) as read this
+    /// reconcile; `None` (etcd unknown, not ours, or the control plane
+    /// going) removes its series, so no stale margin is scraped.
+    pub fn etcd_quorum(&self, cluster: &str, quorum: Option<&EtcdQuorumStatus>) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_string(),
+        };
+        let families = [
+            &self.etcd_quorum_margin,
+            &self.etcd_voters,
+            &self.etcd_healthy_voters,
+        ];
+        match quorum {
+            Some(q) => {
+                for (family, value) in
+                    families
+                        .into_iter()
+                        .zip([q.quorum_margin, q.voters, q.healthy_voters])
+                {
+                    family.get_or_create(&labels).set(i64::from(value));
+                }
+            }
+            None => {
+                for family in families {
+                    family.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// Every cluster's etcd series dropped, e.g. when this process stops
+    /// acting: a standby knows nothing current of any etcd.
+    pub fn forget_etcd_quorums(&self) {
+        self.etcd_quorum_margin.clear();
+        self.etcd_voters.clear();
+        self.etcd_healthy_voters.clear();
+    }
+
+    /// Drops every cluster's etcd series when the guard is dropped (the
+    /// controller loop ended or was dropped on losing the lease).
+    pub fn forget_etcd_quorums_on_drop(&self) -> ForgetEtcdQuorums {
+        ForgetEtcdQuorums(self.clone())
     }
 
     /// `cluster` uses `transport` now (the other transport's series drops to 0).
@@ -142,6 +218,15 @@ impl Metrics {
     }
 }
 
+/// See [`Metrics::forget_etcd_quorums_on_drop`].
+pub struct ForgetEtcdQuorums(Metrics);
+
+impl Drop for ForgetEtcdQuorums {
+    fn drop(&mut self) {
+        self.0.forget_etcd_quorums();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +258,63 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    fn text(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    fn quorum(healthy: i32, voters: i32) -> EtcdQuorumStatus {
+        EtcdQuorumStatus {
+            members: voters,
+            voters,
+            healthy_voters: healthy,
+            quorum: voters / 2 + 1,
+            quorum_margin: healthy - (voters / 2 + 1),
+            voter_health: format!("{healthy}/{voters}"),
+        }
+    }
+
+    #[test]
+    fn etcd_quorum_gauges_per_cluster_and_gone_when_etcd_is_unknown() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.etcd_quorum("ns/a", Some(&quorum(3, 3)));
+        metrics.etcd_quorum("ns/b", Some(&quorum(1, 3)));
+        let t = text(&registry);
+        assert!(
+            t.contains("k3scp_etcd_quorum_margin{cluster=\"ns/a\"} 1"),
+            "{t}"
+        );
+        assert!(
+            t.contains("k3scp_etcd_quorum_margin{cluster=\"ns/b\"} -1"),
+            "{t}"
+        );
+        assert!(t.contains("k3scp_etcd_voters{cluster=\"ns/a\"} 3"), "{t}");
+        assert!(
+            t.contains("k3scp_etcd_healthy_voters{cluster=\"ns/b\"} 1"),
+            "{t}"
+        );
+        // One more loss: the margin follows.
+        metrics.etcd_quorum("ns/a", Some(&quorum(2, 3)));
+        let t = text(&registry);
+        assert!(
+            t.contains("k3scp_etcd_quorum_margin{cluster=\"ns/a\"} 0"),
+            "{t}"
+        );
+        // Unknown (or deleted): no series at all, not a stale healthy one.
+        metrics.etcd_quorum("ns/a", None);
+        let t = text(&registry);
+        assert!(!t.contains("cluster=\"ns/a\""), "{t}");
+        assert!(
+            t.contains("k3scp_etcd_quorum_margin{cluster=\"ns/b\"} -1"),
+            "{t}"
+        );
+        // Losing the lease: nothing current is known of any cluster.
+        drop(metrics.forget_etcd_quorums_on_drop());
+        let t = text(&registry);
+        assert!(!t.contains("k3scp_etcd_quorum_margin{"), "{t}");
     }
 }

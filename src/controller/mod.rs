@@ -40,6 +40,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client: Client = ctx.client.clone();
+    // Stopped or dropped (the lease ran out): no etcd series go stale here.
+    let _forget = ctx.metrics.forget_etcd_quorums_on_drop();
     let (kcps, machines, clusters): (Api<KThreesControlPlane>, Api<Machine>, Api<Cluster>) =
         match &ctx.settings.namespace {
             Some(ns) => (

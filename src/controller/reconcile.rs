@@ -56,6 +56,11 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
                 source,
             })?
     else {
+        // Gone: its etcd series go with it.
+        if let Some(cluster) = super::observe::cluster_name(cached) {
+            ctx.metrics
+                .etcd_quorum(&format!("{namespace}/{cluster}"), None);
+        }
         return Ok(Requeue::await_change());
     };
     let kcp = &current;
@@ -72,7 +77,18 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         }
         ensure_template_owner(ctx, &world).await?;
     }
-    let etcd = observe_workload(ctx, &mut world, &secrets).await?;
+    let etcd = match observe_workload(ctx, &mut world, &secrets).await {
+        Ok(etcd) => etcd,
+        Err(err) => {
+            // Nothing current is known of its etcd.
+            world.etcd = super::world::EtcdObservation::Unreachable {
+                reason: err.to_string(),
+            };
+            record_etcd_quorum(ctx, &world);
+            return Err(err);
+        }
+    };
+    record_etcd_quorum(ctx, &world);
     let lifecycle = Lifecycle::Proceed {
         secrets: plan_secrets(&world.secrets),
     };
@@ -188,6 +204,8 @@ async fn settle_lifecycle(
     lifecycle: &Lifecycle,
 ) -> Result<Requeue> {
     let kcp = &world.kcp;
+    // etcd is not read on this path: no quorum series either.
+    record_etcd_quorum(ctx, world);
     let rule = lifecycle.rule();
     tracing::Span::current().record("rule", rule.as_str());
     if let Err(err) = apply_lifecycle(ctx, world, lifecycle).await {
@@ -232,6 +250,18 @@ async fn settle_lifecycle(
         } => Requeue::requeue(soon),
         _ => Requeue::requeue(ctx.settings.wait_requeue),
     })
+}
+
+/// The quorum gauges of this world's cluster: the numbers `status.etcd`
+/// gets, or no series when etcd was not read this reconcile.
+fn record_etcd_quorum(ctx: &Context, world: &World) {
+    if let Some(cluster) = &world.cluster_name {
+        let namespace = world.kcp.namespace().unwrap_or_default();
+        ctx.metrics.etcd_quorum(
+            &format!("{namespace}/{cluster}"),
+            super::status::etcd_status(world).as_ref(),
+        );
+    }
 }
 
 /// The Event of a waiting plan, by the rule that waits: a bring-up waiting for

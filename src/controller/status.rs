@@ -8,9 +8,12 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::api::conditions::{self, V1Beta1Condition};
-use crate::api::kcp::{ControlPlaneInitializationStatus, KThreesControlPlaneStatus};
+use crate::api::kcp::{
+    ControlPlaneInitializationStatus, EtcdQuorumStatus, KThreesControlPlaneStatus,
+};
 use crate::api::names::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, OWNER_REMEDIATED_CONDITION};
 use crate::api::{KThreesControlPlane, Machine};
+use crate::etcd::MembershipSnapshot;
 use crate::remediation::decide::{ConditionValue, Outcome};
 use crate::remediation::steps::Step;
 
@@ -71,6 +74,9 @@ pub fn kcp_status(
     let kcp = &world.kcp;
     let generation = kcp.metadata.generation;
     let mut status = kcp.status.clone().unwrap_or_default();
+    // Only what was read this reconcile: a margin kept from an earlier read
+    // would look healthy while nobody knows.
+    status.etcd = etcd_status(world);
     if let Lifecycle::Paused { .. } = lifecycle {
         // Paused: nothing is reconciled, only the Paused condition is written.
         for value in contract_conditions(world, lifecycle, None) {
@@ -179,6 +185,27 @@ pub fn kcp_status(
     deprecated.updated_replicas = Some(counts.up_to_date);
     deprecated.unavailable_replicas = Some((status.replicas - counts.ready).max(0));
     status
+}
+
+/// `status.etcd` of this observation: the membership's quorum arithmetic,
+/// or `None` when etcd was not read (or not ours).
+pub fn etcd_status(world: &World) -> Option<EtcdQuorumStatus> {
+    world.snapshot().map(etcd_quorum_status)
+}
+
+/// The quorum numbers of `snapshot` as it stands, from the same rule every
+/// decision uses ([`MembershipSnapshot::assess_cluster`]).
+pub fn etcd_quorum_status(snapshot: &MembershipSnapshot) -> EtcdQuorumStatus {
+    let a = snapshot.assess_cluster();
+    let n = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    EtcdQuorumStatus {
+        members: n(snapshot.members.len()),
+        voters: n(a.voters),
+        healthy_voters: n(a.healthy),
+        quorum: n(a.size),
+        quorum_margin: n(a.healthy) - n(a.size),
+        voter_health: format!("{}/{}", a.healthy, a.voters),
+    }
 }
 
 fn remediating_condition(plan: &Plan, generation: Option<i64>) -> Condition {
@@ -413,7 +440,12 @@ pub async fn write_kcp_status(
     }
     // Conditional on the version the status was computed from: a concurrent
     // writer (another replica, a user) makes this a 409 and we observe again.
-    let patch = json!({"metadata": {"resourceVersion": kcp.resource_version()}, "status": status});
+    let mut patch =
+        json!({"metadata": {"resourceVersion": kcp.resource_version()}, "status": status});
+    if status.etcd.is_none() {
+        // A merge patch keeps what it does not name: null removes it.
+        patch["status"]["etcd"] = serde_json::Value::Null;
+    }
     api.patch_status(
         &kcp.name_any(),
         &PatchParams::default(),
@@ -492,4 +524,152 @@ pub async fn write_machine_conditions(
             source,
         })?;
     Ok(Some(written))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::world::WorkloadState;
+    use crate::etcd::{MemberSnapshot, MemberStatus};
+    use crate::lifecycle::plan_secrets;
+
+    fn member(id: u64, probe_error: Option<&str>) -> MemberSnapshot {
+        MemberSnapshot {
+            id,
+            name: format!("cp-{id}-0000000{id}"),
+            peer_urls: vec![],
+            client_urls: vec![],
+            learner: false,
+            status: probe_error.is_none().then(|| MemberStatus {
+                leader: 1,
+                raft_term: 2,
+                raft_index: 10,
+                raft_applied_index: 10,
+                db_size: 1,
+                version: "3.4.23".into(),
+                errors: vec![],
+                is_learner: false,
+            }),
+            probe_error: probe_error.map(Into::into),
+            alarms: vec![],
+        }
+    }
+
+    fn world(etcd: EtcdObservation) -> World {
+        let kcp: KThreesControlPlane = serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
+            "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
+                     "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}},
+            // What an earlier reconcile wrote: 3 of 3 healthy.
+            "status": {"etcd": {"members": 3, "voters": 3, "healthyVoters": 3, "quorum": 2,
+                                "quorumMargin": 1, "voterHealth": "3/3"}}
+        }))
+        .unwrap();
+        World {
+            kcp,
+            cluster_name: Some("c".into()),
+            cluster: None,
+            machines: vec![],
+            foreign_machines: vec![],
+            workers: vec![],
+            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
+            workload: WorkloadState::Nodes(vec![]),
+            etcd,
+            etcd_transport: None,
+            members_first_seen: Default::default(),
+            orphan_grace: std::time::Duration::from_secs(300),
+            now: chrono::Utc::now(),
+        }
+    }
+
+    fn observed(members: Vec<MemberSnapshot>) -> EtcdObservation {
+        EtcdObservation::Observed(MembershipSnapshot {
+            cluster_id: 7,
+            leader: Some(1),
+            members,
+            listed_by: "https://10.0.0.1:2379".into(),
+            alarms_error: None,
+        })
+    }
+
+    fn status_of(world: &World) -> KThreesControlPlaneStatus {
+        let lifecycle = Lifecycle::Proceed {
+            secrets: plan_secrets(&world.secrets),
+        };
+        kcp_status(world, &lifecycle, None, None)
+    }
+
+    #[test]
+    fn etcd_status_is_the_quorum_of_the_membership_read_now() {
+        let w = world(observed(vec![
+            member(1, None),
+            member(2, None),
+            member(3, Some("connection refused")),
+        ]));
+        let etcd = status_of(&w).etcd.expect("etcd was read");
+        assert_eq!(
+            etcd,
+            EtcdQuorumStatus {
+                members: 3,
+                voters: 3,
+                healthy_voters: 2,
+                quorum: 2,
+                quorum_margin: 0,
+                voter_health: "2/3".into(),
+            }
+        );
+        // Quorum lost: the margin goes negative (fault tolerance stays 0).
+        let w = world(observed(vec![
+            member(1, None),
+            member(2, Some("timeout")),
+            member(3, Some("connection refused")),
+        ]));
+        assert_eq!(status_of(&w).etcd.unwrap().quorum_margin, -1);
+        // A learner is a member, not a voter.
+        let mut learner = member(4, None);
+        learner.learner = true;
+        let w = world(observed(vec![member(1, None), learner]));
+        let etcd = status_of(&w).etcd.unwrap();
+        assert_eq!((etcd.members, etcd.voters, etcd.quorum_margin), (2, 1, 0));
+    }
+
+    #[test]
+    fn etcd_status_is_absent_not_stale_when_etcd_is_not_read() {
+        for etcd in [
+            EtcdObservation::Unreachable {
+                reason: "connection refused".into(),
+            },
+            EtcdObservation::NoCredentials {
+                reason: "Secret ns/c-etcd not found".into(),
+            },
+            EtcdObservation::NotManaged,
+        ] {
+            let w = world(etcd.clone());
+            let status = status_of(&w);
+            assert_eq!(status.etcd, None, "{etcd:?}");
+            // The condition says why.
+            let c = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == ETCD_CLUSTER_HEALTHY)
+                .unwrap();
+            assert_eq!(c.status, "Unknown", "{etcd:?}");
+        }
+        // Paused: nothing is read, so nothing is claimed.
+        let w = world(EtcdObservation::Unreachable {
+            reason: "not read".into(),
+        });
+        let paused = kcp_status(
+            &w,
+            &Lifecycle::Paused {
+                by: "the Cluster".into(),
+            },
+            None,
+            None,
+        );
+        assert_eq!(paused.etcd, None);
+    }
 }

@@ -1,7 +1,9 @@
 //! `k3s-control-plane inspect NAMESPACE/NAME`: what the controller sees of one
 //! KThreesControlPlane (members <-> Machines <-> Nodes, quorum arithmetic) and
-//! what it would do next, and why. Reads only: the same `observe` and `plan`
-//! as the controller, never `act`, never a status write.
+//! what it would do next, and why; `inspect -n NAMESPACE`: one line per
+//! control plane of the namespace, from the same report. Reads only: the
+//! same `observe` and `plan` as the controller, never `act`, never a status
+//! write.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,9 +27,15 @@ pub use report::*;
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// The KThreesControlPlane to inspect.
+    /// The KThreesControlPlane to inspect: NAMESPACE/NAME, or NAME with
+    /// `-n NAMESPACE`. Omitted with `-n`: every one of the namespace, one
+    /// line each.
     #[arg(value_name = "NAMESPACE/NAME")]
-    pub target: String,
+    pub target: Option<String>,
+
+    /// The namespace: with NAME, that control plane; alone, list them all.
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
 
     /// Kubeconfig of the management cluster (default: $KUBECONFIG, then
     /// ~/.kube/config, then in-cluster config).
@@ -50,8 +58,16 @@ pub enum Output {
 pub enum InspectError {
     #[error("NAMESPACE/NAME {given:?}: {reason}")]
     BadTarget { given: String, reason: String },
+    #[error("-n {given:?}: not a valid namespace (lowercase letters, digits, '-', '.')")]
+    BadNamespace { given: String },
     #[error("{0}")]
     Client(String),
+    #[error("cannot list KThreesControlPlanes in {namespace}: {source}")]
+    List {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("KThreesControlPlane {namespace}/{name} not found")]
     NotFound { namespace: String, name: String },
     #[error("cannot read KThreesControlPlane {namespace}/{name}: {source}")]
@@ -63,6 +79,46 @@ pub enum InspectError {
     },
     #[error("{0}")]
     Observe(#[from] crate::controller::Error),
+}
+
+/// What the arguments ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    One { namespace: String, name: String },
+    Namespace(String),
+}
+
+/// The positional target and `-n`, checked before any cluster is contacted.
+pub fn parse_args(target: Option<&str>, namespace: Option<&str>) -> Result<Target, InspectError> {
+    match (target, namespace) {
+        (Some(given), None) => {
+            parse_target(given).map(|(namespace, name)| Target::One { namespace, name })
+        }
+        (Some(given), Some(ns)) => {
+            if given.contains('/') {
+                return Err(InspectError::BadTarget {
+                    given: given.to_string(),
+                    reason: format!("with -n {ns}, give the NAME alone"),
+                });
+            }
+            parse_target(&format!("{ns}/{given}"))
+                .map(|(namespace, name)| Target::One { namespace, name })
+        }
+        (None, Some(ns)) => {
+            // The same check as a NAMESPACE/NAME's namespace part.
+            parse_target(&format!("{ns}/x"))
+                .map(|(namespace, _)| Target::Namespace(namespace))
+                .map_err(|_| InspectError::BadNamespace {
+                    given: ns.to_string(),
+                })
+        }
+        (None, None) => Err(InspectError::BadTarget {
+            given: String::new(),
+            reason:
+                "expected <namespace>/<name>, or -n <namespace> to list every control plane there"
+                    .into(),
+        }),
+    }
 }
 
 /// `NAMESPACE/NAME` split and checked (DNS-1123 characters, both parts present).
@@ -125,20 +181,35 @@ pub fn read_only_context(client: kube::Client) -> std::sync::Arc<Context> {
     Context::new(client, metrics, EtcdPool::default(), Settings::default())
 }
 
+/// What `inspect` prints: one report, or the namespace's lines.
+enum Printed {
+    One(Box<Report>),
+    Summary(Vec<SummaryRow>),
+}
+
 pub async fn run(args: InspectArgs) -> ExitCode {
     crate::install_crypto_provider();
     init_quiet_logging();
     match execute(&args).await {
-        Ok(report) => {
-            match args.output {
-                Output::Text => print!("{}", render_text(&report)),
-                Output::Json => match serde_json::to_string_pretty(&report) {
-                    Ok(text) => println!("{text}"),
-                    Err(err) => {
-                        eprintln!("error: cannot encode JSON: {err}");
-                        return ExitCode::FAILURE;
-                    }
-                },
+        Ok(printed) => {
+            let json = match (&printed, args.output) {
+                (Printed::One(report), Output::Text) => {
+                    print!("{}", render_text(report));
+                    return ExitCode::SUCCESS;
+                }
+                (Printed::Summary(rows), Output::Text) => {
+                    print!("{}", render_summary(rows));
+                    return ExitCode::SUCCESS;
+                }
+                (Printed::One(report), Output::Json) => serde_json::to_string_pretty(report),
+                (Printed::Summary(rows), Output::Json) => serde_json::to_string_pretty(rows),
+            };
+            match json {
+                Ok(text) => println!("{text}"),
+                Err(err) => {
+                    eprintln!("error: cannot encode JSON: {err}");
+                    return ExitCode::FAILURE;
+                }
             }
             ExitCode::SUCCESS
         }
@@ -149,14 +220,51 @@ pub async fn run(args: InspectArgs) -> ExitCode {
     }
 }
 
-async fn execute(args: &InspectArgs) -> Result<Report, InspectError> {
-    // The argument is checked before any cluster is contacted.
-    let (namespace, name) = parse_target(&args.target)?;
+async fn execute(args: &InspectArgs) -> Result<Printed, InspectError> {
+    // The arguments are checked before any cluster is contacted.
+    let target = parse_args(args.target.as_deref(), args.namespace.as_deref())?;
     let client = management_client(args.kubeconfig.as_ref())
         .await
         .map_err(InspectError::Client)?;
     let ctx = read_only_context(client);
-    inspect(&ctx, &namespace, &name).await
+    match target {
+        Target::One { namespace, name } => inspect(&ctx, &namespace, &name)
+            .await
+            .map(|r| Printed::One(Box::new(r))),
+        Target::Namespace(namespace) => inspect_namespace(&ctx, &namespace)
+            .await
+            .map(Printed::Summary),
+    }
+}
+
+/// Every KThreesControlPlane of `namespace`, sorted by name, each observed
+/// and decided as [`inspect`] does it; one that cannot be observed gets a
+/// line saying why and does not stop the others.
+pub async fn inspect_namespace(
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Vec<SummaryRow>, InspectError> {
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut list = kcps
+        .list(&Default::default())
+        .await
+        .map_err(|source| InspectError::List {
+            namespace: namespace.to_string(),
+            source,
+        })?
+        .items;
+    list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut rows = Vec::with_capacity(list.len());
+    for kcp in list {
+        let name = kcp.metadata.name.clone().unwrap_or_default();
+        let cluster = crate::controller::observe::cluster_name(&kcp);
+        let version = kcp.spec.version.clone();
+        rows.push(match observe(ctx, kcp).await {
+            Ok((world, _etcd)) => SummaryRow::from_report(&Report::from_world(&world)),
+            Err(err) => SummaryRow::failed(&name, cluster, &version, one_line(&err.to_string())),
+        });
+    }
+    Ok(rows)
 }
 
 /// Observe the control plane and decide, as one reconcile would, without acting.
@@ -208,6 +316,33 @@ mod tests {
             let err = parse_target(bad).unwrap_err().to_string();
             assert!(err.starts_with("NAMESPACE/NAME"), "{bad:?} gave {err:?}");
             assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+
+    #[test]
+    fn arguments_name_one_control_plane_or_a_namespace() {
+        let one = |ns: &str, n: &str| Target::One {
+            namespace: ns.into(),
+            name: n.into(),
+        };
+        assert_eq!(parse_args(Some("ns/cp"), None).unwrap(), one("ns", "cp"));
+        assert_eq!(parse_args(Some("cp"), Some("ns")).unwrap(), one("ns", "cp"));
+        assert_eq!(
+            parse_args(None, Some("ns")).unwrap(),
+            Target::Namespace("ns".into())
+        );
+        for (target, ns) in [
+            (None, None),
+            (Some("a/cp"), Some("ns")),
+            (None, Some("Bad_NS")),
+            (Some("cp"), None),
+        ] {
+            let err = parse_args(target, ns).unwrap_err().to_string();
+            assert!(!err.contains('\n'), "one line: {err:?}");
+            assert!(
+                err.starts_with("NAMESPACE/NAME") || err.starts_with("-n "),
+                "{target:?} {ns:?}: {err}"
+            );
         }
     }
 

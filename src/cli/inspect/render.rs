@@ -185,10 +185,49 @@ pub fn render_text(report: &Report) -> String {
         )
     });
     let next = &report.next;
-    line(match &next.action {
-        Some(action) => format!("next: {action} (rule {}): {}", next.rule, next.message),
-        None => format!("next: refused (rule {}): {}", next.rule, next.message),
-    });
+    line(format!("next: {}: {}", next.short(), next.message));
+    out
+}
+
+/// `inspect -n NAMESPACE`: one line per control plane, then why etcd (or the
+/// control plane) could not be read, for those lines that say so.
+pub fn render_summary(rows: &[SummaryRow]) -> String {
+    let dash = |v: Option<i32>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.name.clone(),
+                r.cluster.clone().unwrap_or_else(|| "(none)".into()),
+                r.replicas.clone(),
+                r.version.clone(),
+                r.etcd.clone(),
+                dash(r.quorum),
+                dash(r.quorum_margin),
+                r.up_to_date.clone(),
+                r.next.clone(),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "NAME", "CLUSTER", "REPLICAS", "VERSION", "ETCD", "QUORUM", "MARGIN", "UPTODATE",
+            "NEXT",
+        ],
+        &cells,
+    );
+    let notes: Vec<&SummaryRow> = rows.iter().filter(|r| r.reason.is_some()).collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        for r in notes {
+            let reason = r.reason.as_deref().unwrap_or_default();
+            out.push_str(&if r.etcd == "error" {
+                format!("{}: not observed: {reason}\n", r.name)
+            } else {
+                format!("{}: etcd {}: {reason}\n", r.name, r.etcd)
+            });
+        }
+    }
     out
 }
 

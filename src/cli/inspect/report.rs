@@ -27,9 +27,27 @@ pub struct Report {
     pub machines_without_member: Vec<String>,
     pub rollout: RolloutReport,
     pub ambiguities: Vec<AmbiguityReport>,
+    /// `spec.version`.
+    pub version: String,
+    /// Machine counts, as `status` reports them.
+    pub replicas: ReplicasReport,
     /// The cluster as it stands (no removal); absent without a membership.
     pub quorum: Option<QuorumReport>,
     pub next: NextReport,
+}
+
+/// The Machine counts of `status` (the controller's own count).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicasReport {
+    /// `spec.replicas` (default 1).
+    pub desired: i32,
+    /// Machines, deleting ones included.
+    pub machines: i32,
+    /// Machines whose Node is ready.
+    pub ready: i32,
+    /// Machines made from the current spec.
+    pub up_to_date: i32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -115,6 +133,9 @@ pub struct AmbiguityReport {
 #[serde(rename_all = "camelCase")]
 pub struct QuorumReport {
     pub summary: String,
+    /// `status.etcd` as this observation would write it (members, voters,
+    /// healthy voters, quorum, margin).
+    pub status: crate::api::kcp::EtcdQuorumStatus,
     #[serde(flatten)]
     pub assessment: Assessment,
 }
@@ -128,6 +149,86 @@ pub struct NextReport {
     pub action: Option<String>,
     pub rule: String,
     pub message: String,
+}
+
+/// One line of `inspect -n NAMESPACE`: the detailed [`Report`] in short.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryRow {
+    pub name: String,
+    pub cluster: Option<String>,
+    /// `ready/desired` Machines.
+    pub replicas: String,
+    pub version: String,
+    /// `healthyVoters/voters`, or the etcd state when it was not read
+    /// (`unreachable`, `unknown`, `notManaged`, `error`).
+    pub etcd: String,
+    pub quorum: Option<i32>,
+    pub quorum_margin: Option<i32>,
+    /// `upToDate/desired` Machines.
+    pub up_to_date: String,
+    /// `<action> (rule <rule>)`, or `refused (rule <rule>)`, as the detailed
+    /// view's `next:` line.
+    pub next: String,
+    /// Why etcd (or the whole control plane) could not be read.
+    pub reason: Option<String>,
+}
+
+impl SummaryRow {
+    /// The line of one control plane's report.
+    pub fn from_report(report: &Report) -> Self {
+        let name = report
+            .control_plane
+            .split_once('/')
+            .map_or(report.control_plane.as_str(), |(_, n)| n)
+            .to_string();
+        let quorum = report.quorum.as_ref().map(|q| &q.status);
+        SummaryRow {
+            name,
+            cluster: report.cluster.clone(),
+            replicas: format!("{}/{}", report.replicas.ready, report.replicas.desired),
+            version: report.version.clone(),
+            etcd: match quorum {
+                Some(q) => q.voter_health.clone(),
+                None => report.etcd.state.to_string(),
+            },
+            quorum: quorum.map(|q| q.quorum),
+            quorum_margin: quorum.map(|q| q.quorum_margin),
+            up_to_date: format!("{}/{}", report.replicas.up_to_date, report.replicas.desired),
+            next: report.next.short(),
+            reason: match quorum {
+                Some(_) => None,
+                None => report.etcd.reason.clone(),
+            },
+        }
+    }
+
+    /// The line of a control plane that could not be observed at all.
+    pub fn failed(name: &str, cluster: Option<String>, version: &str, error: String) -> Self {
+        SummaryRow {
+            name: name.to_string(),
+            cluster,
+            replicas: "-".into(),
+            version: version.to_string(),
+            etcd: "error".into(),
+            quorum: None,
+            quorum_margin: None,
+            up_to_date: "-".into(),
+            next: "-".into(),
+            reason: Some(error),
+        }
+    }
+}
+
+impl NextReport {
+    /// `<action> (rule <rule>)` or `refused (rule <rule>)`: the `next:` line
+    /// without its message.
+    pub fn short(&self) -> String {
+        match &self.action {
+            Some(action) => format!("{action} (rule {})", self.rule),
+            None => format!("refused (rule {})", self.rule),
+        }
+    }
 }
 
 fn condition_status(machine: &Machine, type_: &str) -> Option<bool> {
@@ -356,10 +457,21 @@ impl Report {
                     detail: a.clone(),
                 })
                 .collect(),
+            version: world.kcp.spec.version.clone(),
+            replicas: {
+                let r = crate::controller::contract_conditions::replicas(world);
+                ReplicasReport {
+                    desired: r.desired,
+                    machines: world.machines.len() as i32,
+                    ready: r.ready,
+                    up_to_date: r.up_to_date,
+                }
+            },
             quorum: snapshot.map(|snap| {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
                     summary: assessment.to_string(),
+                    status: crate::controller::status::etcd_quorum_status(snap),
                     assessment,
                 }
             }),
@@ -666,6 +778,87 @@ mod report_tests {
             "memberMatchesSeveralMachines"
         );
         assert_eq!(json["next"]["refused"], true);
+    }
+
+    #[test]
+    fn summary_lines_reuse_the_report_and_say_when_etcd_is_unknown() {
+        use crate::cli::inspect::render_summary;
+        let mut down = member(3, "cp-2-00000003", "10.0.0.3", 0);
+        down.status = None;
+        down.probe_error = Some("connection refused".into());
+        let healthy = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+                machine("m2", "cp-2", "10.0.0.3"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
+                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
+            ],
+            vec![
+                member(1, "cp-0-00000001", "10.0.0.1", 1),
+                member(2, "cp-1-00000002", "10.0.0.2", 1),
+                down,
+            ],
+        );
+        let report = Report::from_world(&healthy);
+        let q = &report.quorum.as_ref().unwrap().status;
+        assert_eq!(
+            (
+                q.members,
+                q.voters,
+                q.healthy_voters,
+                q.quorum,
+                q.quorum_margin
+            ),
+            (3, 3, 2, 2, 0)
+        );
+        let row = SummaryRow::from_report(&report);
+        assert_eq!(row.etcd, "2/3");
+        assert_eq!(row.quorum_margin, Some(0));
+        assert_eq!(row.next, report.next.short());
+
+        let mut lost = world(vec![machine("n0", "x-0", "10.0.1.1")], vec![], vec![]);
+        lost.kcp.metadata.name = Some("lost".into());
+        lost.etcd = EtcdObservation::Unreachable {
+            reason: "no control-plane Node with an InternalIP to reach etcd at".into(),
+        };
+        let lost_row = SummaryRow::from_report(&Report::from_world(&lost));
+        assert_eq!(lost_row.etcd, "unreachable");
+        assert_eq!((lost_row.quorum, lost_row.quorum_margin), (None, None));
+        let text = render_summary(&[row, lost_row]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("NAME"), "{text}");
+        assert!(
+            lines[0].contains("ETCD") && lines[0].contains("MARGIN"),
+            "{text}"
+        );
+        let cols = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            cols(lines[1])[..8],
+            ["cp", "c", "3/3", "v1.30.2+k3s2", "2/3", "2", "0", "3/3"],
+            "{text}"
+        );
+        assert_eq!(
+            cols(lines[2])[..8],
+            [
+                "lost",
+                "c",
+                "0/3",
+                "v1.30.2+k3s2",
+                "unreachable",
+                "-",
+                "-",
+                "1/3"
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("lost: etcd unreachable: no control-plane Node"),
+            "{text}"
+        );
     }
 
     #[test]
