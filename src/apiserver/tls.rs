@@ -163,6 +163,48 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// The client certificate's user, as the real x509 authenticator maps it: the
+/// subject's CN is the user name, its O entries the groups. A plain-HTTP connection,
+/// or a TLS one without a client certificate, has none.
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for super::auth::PeerUser
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let user = stream
+            .io()
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| certificate_user(leaf.as_ref()));
+        Self(user)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>>
+    for super::auth::PeerUser
+{
+    fn connect_info(_: axum::serve::IncomingStream<'_, TcpListener>) -> Self {
+        Self(None)
+    }
+}
+
+fn certificate_user(der: &[u8]) -> Option<super::auth::UserInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let groups: Vec<&str> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .collect();
+    Some(super::auth::UserInfo::new(name, &groups))
+}
+
 /// Accept TCP connections on `tcp` until `stop` or until the returned listener is
 /// dropped (the task then ends and the port closes).
 pub(super) fn spawn_acceptor(
