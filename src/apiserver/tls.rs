@@ -278,3 +278,23 @@ async fn accept_error(e: io::Error, stop: &CancellationToken) {
         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_certificate_names_its_user_by_cn_and_groups_by_o() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(rcgen::DnType::CommonName, "system:admin");
+        dn.push(rcgen::DnType::OrganizationName, "system:masters");
+        params.distinguished_name = dn;
+        let cert = params.self_signed(&key).unwrap();
+        let user = certificate_user(cert.der()).unwrap();
+        assert_eq!(user.name, "system:admin");
+        assert_eq!(user.groups, vec!["system:masters", "system:authenticated"]);
+        assert!(certificate_user(b"not a certificate").is_none());
+    }
+}

@@ -201,24 +201,30 @@ pub async fn middleware(State(app): State<Arc<App>>, request: Request, next: Nex
     let query: HashMap<String, String> = axum::extract::Query::try_from_uri(request.uri())
         .map(|q| q.0)
         .unwrap_or_default();
-    let attrs = request::of(
-        request.method(),
-        request.uri().path(),
-        &query,
-        request.headers(),
-    );
-    let decision = match builtin_grant(&user, &attrs) {
+    let attrs = request::of(request.method(), request.uri().path(), &query);
+    let compound = request::compound_create(&attrs, request.headers());
+    for attrs in std::iter::once(attrs).chain(compound) {
+        if let Err(denied) = judge(&app, &user, &attrs) {
+            return denied.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// One authorization decision, logged.
+fn judge(app: &App, user: &UserInfo, attrs: &Attributes) -> Result<(), ApiError> {
+    let decision = match builtin_grant(user, attrs) {
         Some(grant) => rbac::Decision {
             grant: Some(grant),
             errors: Vec::new(),
         },
-        None => rbac::Policy::load(&app.watch.store).authorize(&user, &attrs),
+        None => rbac::Policy::load(&app.watch.store).authorize(user, attrs),
     };
     let allowed = decision.grant.is_some();
     tracing::debug!(user = %user.name, verb = %attrs.verb, group = %attrs.api_group,
         resource = %attrs.resource, subresource = %attrs.subresource,
         namespace = %attrs.namespace, name = %attrs.name, allowed, "test API server: RBAC");
-    auth.record(AuthorizationRecord {
+    app.auth.record(AuthorizationRecord {
         user: user.name.clone(),
         verb: attrs.verb.clone(),
         api_group: attrs.api_group.clone(),
@@ -232,9 +238,9 @@ pub async fn middleware(State(app): State<Arc<App>>, request: Request, next: Nex
         grant: decision.grant,
     });
     if allowed {
-        next.run(request).await
+        Ok(())
     } else {
-        forbidden(&user, &attrs, &decision.errors).into_response()
+        Err(forbidden(user, attrs, &decision.errors))
     }
 }
 

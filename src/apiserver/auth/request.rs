@@ -24,7 +24,7 @@ pub struct Attributes {
 /// `/namespaces/{ns}/{these}` are subresources of the namespace, not resources in it.
 const NAMESPACE_SUBRESOURCES: &[&str] = &["status", "finalize"];
 
-/// Pod subresources whose WebSocket upgrade needs `create` (see [`of`]).
+/// Pod subresources whose WebSocket upgrade also needs `create` (see [`compound_create`]).
 const POD_STREAMING: &[&str] = &["exec", "attach", "portforward"];
 
 /// The attributes of a request.
@@ -34,16 +34,10 @@ const POD_STREAMING: &[&str] = &["exec", "attach", "portforward"];
 ///   watch of one object). `DELETE` without a name is `deletecollection`.
 /// - A `GET ...?watch=true` on one object (this server's single-object watch; the real
 ///   one spells it `/watch/.../name`) is `watch` of that name.
-/// - A WebSocket upgrade `GET` of `pods/exec`, `pods/attach`, `pods/portforward` is
-///   `create`: Kubernetes >= 1.31 (feature `AuthorizePodWebsocketUpgradeCreatePermission`,
-///   on by default) requires `create` for these, as for their SPDY `POST`.
+/// - A WebSocket upgrade of `pods/portforward` (a `GET`) is `get`; see
+///   [`compound_create`] for the second check it gets.
 /// - `/api/v1/namespaces/{ns}` (and its `status`/`finalize`) is in namespace `ns`.
-pub fn of(
-    method: &Method,
-    path: &str,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-) -> Attributes {
+pub fn of(method: &Method, path: &str, query: &HashMap<String, String>) -> Attributes {
     let mut attrs = Attributes {
         verb: method.as_str().to_ascii_lowercase(),
         path: path.to_string(),
@@ -94,15 +88,25 @@ pub fn of(
     if attrs.verb == "delete" && attrs.name.is_empty() {
         attrs.verb = "deletecollection".to_string();
     }
-    if attrs.verb == "get"
+    attrs
+}
+
+/// The second authorization a WebSocket upgrade (`GET`) of `pods/exec`, `pods/attach`
+/// or `pods/portforward` needs after `get`: the same attributes with verb `create`,
+/// as their SPDY `POST` has. Compound authorization of the feature
+/// `AuthorizePodWebsocketUpgradeCreatePermission` (KEP 4006; on by default in
+/// current Kubernetes, beta since 1.35 by the feature-gate table; earlier servers
+/// check `get` only), so a role needs both verbs.
+pub fn compound_create(attrs: &Attributes, headers: &HeaderMap) -> Option<Attributes> {
+    (attrs.verb == "get"
         && attrs.api_group.is_empty()
         && attrs.resource == "pods"
         && POD_STREAMING.contains(&attrs.subresource.as_str())
-        && is_websocket_upgrade(headers)
-    {
-        attrs.verb = "create".to_string();
-    }
-    attrs
+        && is_websocket_upgrade(headers))
+    .then(|| Attributes {
+        verb: "create".into(),
+        ..attrs.clone()
+    })
 }
 
 /// The name a field selector pins down (`metadata.name=x` or `metadata.name==x`,
@@ -134,7 +138,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        of(&method, path, &query, &HeaderMap::new())
+        of(&method, path, &query)
     }
 
     fn short(a: &Attributes) -> (&str, &str, &str, &str, &str, &str) {
@@ -215,15 +219,17 @@ mod tests {
     }
 
     #[test]
-    fn a_websocket_port_forward_is_create() {
+    fn a_websocket_port_forward_is_get_then_create() {
         let mut headers = HeaderMap::new();
+        let path = "/api/v1/namespaces/ns/pods/p/portforward";
+        let a = of(&Method::GET, path, &HashMap::new());
+        assert_eq!(short(&a), ("get", "", "pods", "portforward", "ns", "p"));
+        assert_eq!(compound_create(&a, &headers), None, "not an upgrade");
         headers.insert(http::header::UPGRADE, "websocket".parse().unwrap());
-        let a = of(
-            &Method::GET,
-            "/api/v1/namespaces/ns/pods/p/portforward",
-            &HashMap::new(),
-            &headers,
+        let create = compound_create(&a, &headers).unwrap();
+        assert_eq!(
+            short(&create),
+            ("create", "", "pods", "portforward", "ns", "p")
         );
-        assert_eq!(short(&a), ("create", "", "pods", "portforward", "ns", "p"));
     }
 }
