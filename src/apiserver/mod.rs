@@ -9,6 +9,7 @@ mod builtin;
 mod discovery;
 mod error;
 mod faults;
+mod load;
 mod meta;
 mod patch;
 mod portforward;
@@ -55,6 +56,8 @@ pub enum Error {
         #[source]
         source: kube::config::KubeconfigError,
     },
+    #[error("loading manifests into the test API server, document {index}: {reason}")]
+    Load { index: usize, reason: String },
     #[error("building a kube client for the test API server at {url}: {source}")]
     Client {
         url: String,
@@ -403,6 +406,15 @@ impl TestApiServer {
             user.token = Some(token.to_string().into());
         }
         kubeconfig
+    }
+
+    /// Create the objects of a multi-document YAML manifest (such as the controller's
+    /// shipped RBAC) directly in the store, as the administrator, skipping documents
+    /// whose kind is not served; returns the skipped ones as `Kind/name`. Namespaced
+    /// objects without a namespace go to `default`; the namespace must exist (or come
+    /// earlier in the file). Nothing is judged or logged.
+    pub fn create_from_yaml(&self, yaml: &str) -> Result<Vec<String>, Error> {
+        load::create_from_yaml(&self.store, yaml)
     }
 
     /// The authorization decisions about token (and client certificate) users'

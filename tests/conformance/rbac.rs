@@ -771,3 +771,66 @@ async fn rbac_client_certificate_common_name_is_the_user() {
         "configmaps is forbidden: User \"kcp-controller\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"default\"",
     );
 }
+
+#[tokio::test]
+async fn rbac_objects_load_from_a_yaml_manifest() {
+    let Some(w) = world().await else { return };
+    let manifest = format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: shipped-system
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: controller
+  namespace: {SA_NS}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: shipped
+rules:
+  - apiGroups: ["{KCP_GROUP}"]
+    resources: ["kthreescontrolplanes"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["{KCP_GROUP}"]
+    resources: ["kthreescontrolplanes/status"]
+    verbs: ["patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: shipped
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: shipped
+subjects:
+  - kind: ServiceAccount
+    name: controller
+    namespace: {SA_NS}
+---
+"#
+    );
+    let skipped = w.server.create_from_yaml(&manifest).unwrap();
+    assert_eq!(skipped, vec!["ServiceAccount/controller"], "not served");
+    let kcps: Api<DynamicObject> = Api::all_with(w.sa.clone(), &kcp_resource());
+    assert!(kcps.list(&ListParams::default()).await.is_ok());
+    let in_shipped: Api<ConfigMap> = Api::namespaced(w.sa.clone(), "shipped-system");
+    assert_eq!(
+        status_of(in_shipped.list(&ListParams::default()).await).code,
+        403
+    );
+    // A document the server cannot create is an error naming it.
+    let err = w
+        .server
+        .create_from_yaml(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n  namespace: absent\n",
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("document 0"), "{err}");
+    assert!(err.to_string().contains("ConfigMap/cm"), "{err}");
+}

@@ -277,7 +277,7 @@ pub fn rule_allows(rule: &PolicyRule, attrs: &Attributes) -> bool {
             .resource_names
             .as_deref()
             .filter(|names| !names.is_empty())
-            .is_none_or(|names| names.iter().any(|n| *n == attrs.name))
+            .is_none_or(|names| names.contains(&attrs.name))
 }
 
 /// `ResourceMatches`: `*`, the exact `resource` or `resource/subresource`, or
