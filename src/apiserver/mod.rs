@@ -1,8 +1,9 @@
 //! An in-process Kubernetes API server for tests and the demo: a real `kube::Client`
 //! talks to it over plain HTTP, or over TLS with client certificates like a k3s API
 //! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
-//! garbage collection, selectors, paging and watch). Deviations: README.md, "The test
-//! API server and its conformance suite".
+//! garbage collection, selectors, paging and watch), optionally enforcing RBAC for
+//! token and client-certificate users ([`TestApiServerBuilder::enforce_rbac`]).
+//! Deviations: README.md, "The test API server and its conformance suite".
 
 mod auth;
 mod builtin;
