@@ -401,6 +401,8 @@ impl TestApiServer {
 
     /// Like [`kubeconfig`](Self::kubeconfig), with the user's `token:` set (and no
     /// client certificate): the kubeconfig of a [token user](TestApiServerBuilder::user).
+    /// With TLS and a client CA the handshake needs a certificate, which would then be
+    /// the user: token users need plain HTTP or TLS without a client CA.
     pub fn kubeconfig_with_token(&self, token: &str) -> Kubeconfig {
         let mut kubeconfig = self.kubeconfig_for(None);
         if let Some(user) = kubeconfig.auth_infos[0].auth_info.as_mut() {

@@ -834,3 +834,30 @@ subjects:
     assert!(err.to_string().contains("document 0"), "{err}");
     assert!(err.to_string().contains("ConfigMap/cm"), "{err}");
 }
+
+#[tokio::test]
+async fn rbac_without_enforcement_tokens_are_authenticated_but_not_judged() {
+    if std::env::var_os("KUBECONFIG").is_some() {
+        eprintln!("skipped against a real cluster: its users are not the test server's tokens");
+        return;
+    }
+    let server = TestApiServer::builder()
+        .with_core_resources()
+        .user(JANE_TOKEN, "jane", &[])
+        .start()
+        .await
+        .unwrap();
+    let jane: Api<Secret> = Api::namespaced(server.client_with_token(JANE_TOKEN), "default");
+    jane.create(&PostParams::default(), &secret("s"))
+        .await
+        .expect("no RBAC: everything is allowed");
+    assert!(server.authorization_log().is_empty(), "nothing judged");
+    let stranger: Api<Secret> = Api::namespaced(server.client_with_token("other"), "default");
+    assert_eq!(status_of(stranger.get("s").await).code, 401);
+    // RBAC objects are not served either.
+    let roles: Api<ClusterRole> = Api::all(server.client());
+    assert_eq!(
+        status_of(roles.list(&ListParams::default()).await).code,
+        404
+    );
+}

@@ -132,14 +132,18 @@ impl Auth {
     }
 
     /// `Ok(None)`: no credentials (the test's administrator); `Err`: credentials that
-    /// name nobody (401).
+    /// name nobody (401). A verified client certificate wins over a token, as the x509
+    /// authenticator comes first in the real chain.
     fn authenticate(
         &self,
         headers: &HeaderMap,
         peer: Option<&UserInfo>,
     ) -> Result<Option<UserInfo>, ApiError> {
+        if let Some(user) = peer {
+            return Ok(Some(user.clone()));
+        }
         let Some(header) = headers.get(http::header::AUTHORIZATION) else {
-            return Ok(peer.cloned());
+            return Ok(None);
         };
         let value = header.to_str().map_err(|_| ApiError::Unauthorized)?.trim();
         let token = match value.split_once(' ') {
