@@ -20,6 +20,8 @@ mod lists;
 mod patches;
 #[path = "conformance/portforward.rs"]
 mod portforward;
+#[path = "conformance/rbac.rs"]
+mod rbac;
 #[path = "conformance/runtime.rs"]
 mod runtime;
 #[path = "conformance/selectors.rs"]

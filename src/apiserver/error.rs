@@ -56,6 +56,13 @@ pub enum ApiError {
     },
     #[error("{} \"{}\" is forbidden: {}", .0.qualified, .0.name, .1)]
     Forbidden(Subject, String),
+    /// An RBAC denial (`NewForbidden` of the request's group/resource and name; no
+    /// subject for a non-resource request).
+    #[error("{}", denied_message(.0.as_deref(), .1))]
+    Denied(Option<Box<Subject>>, String),
+    /// Credentials that name no user.
+    #[error("Unauthorized")]
+    Unauthorized,
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -79,7 +86,8 @@ impl ApiError {
             Self::AlreadyExists(_) | Self::Conflict(..) => 409,
             Self::Invalid { .. } => 422,
             Self::BadRequest(_) => 400,
-            Self::Forbidden(..) => 403,
+            Self::Forbidden(..) | Self::Denied(..) => 403,
+            Self::Unauthorized => 401,
             Self::Gone(_) => 410,
             Self::MethodNotAllowed => 405,
             Self::UnsupportedMediaType(_) => 415,
@@ -94,7 +102,8 @@ impl ApiError {
             Self::Conflict(..) => "Conflict",
             Self::Invalid { .. } => "Invalid",
             Self::BadRequest(_) => "BadRequest",
-            Self::Forbidden(..) => "Forbidden",
+            Self::Forbidden(..) | Self::Denied(..) => "Forbidden",
+            Self::Unauthorized => "Unauthorized",
             Self::Gone(_) => "Expired",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -128,6 +137,18 @@ impl ApiError {
                 Some(json!([{"reason": cause_reason(detail), "message": detail, "field": field}])),
             )),
             Self::InternalError(cause) => Some(json!({"causes": [{"message": cause}]})),
+            // omitempty, as upstream: `{}` for a non-resource request.
+            Self::Denied(s, _) => Some(json!(
+                s.as_deref()
+                    .map(
+                        |s| [("name", &s.name), ("group", &s.group), ("kind", &s.kind)]
+                            .into_iter()
+                            .filter(|(_, v)| !v.is_empty())
+                            .map(|(k, v)| (k.to_string(), json!(v)))
+                            .collect::<serde_json::Map<_, _>>()
+                    )
+                    .unwrap_or_default()
+            )),
             _ => None,
         };
         if self.reason().is_empty() {
@@ -140,6 +161,16 @@ impl ApiError {
             status["details"] = d;
         }
         status
+    }
+}
+
+/// `NewForbidden`'s message: `forbidden: ...` without a resource, `<resource> is
+/// forbidden: ...` without a name.
+fn denied_message(subject: Option<&Subject>, message: &str) -> String {
+    match subject {
+        None => format!("forbidden: {message}"),
+        Some(s) if s.name.is_empty() => format!("{} is forbidden: {message}", s.qualified),
+        Some(s) => format!("{} {:?} is forbidden: {message}", s.qualified, s.name),
     }
 }
 

@@ -1,13 +1,16 @@
 //! An in-process Kubernetes API server for tests and the demo: a real `kube::Client`
 //! talks to it over plain HTTP, or over TLS with client certificates like a k3s API
 //! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
-//! garbage collection, selectors, paging and watch). Deviations: README.md, "The test
-//! API server and its conformance suite".
+//! garbage collection, selectors, paging and watch), optionally enforcing RBAC for
+//! token and client-certificate users ([`TestApiServerBuilder::enforce_rbac`]).
+//! Deviations: README.md, "The test API server and its conformance suite".
 
+mod auth;
 mod builtin;
 mod discovery;
 mod error;
 mod faults;
+mod load;
 mod meta;
 mod patch;
 mod portforward;
@@ -18,6 +21,7 @@ mod store;
 mod tls;
 mod watch;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +31,7 @@ use kube::config::{Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, Na
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use auth::{AuthorizationRecord, Grant};
 pub use error::ApiError;
 pub use patch::PatchKind;
 pub use resource::{ResourceDef, ScaleDef, Scope};
@@ -52,6 +57,8 @@ pub enum Error {
         #[source]
         source: kube::config::KubeconfigError,
     },
+    #[error("loading manifests into the test API server, document {index}: {reason}")]
+    Load { index: usize, reason: String },
     #[error("building a kube client for the test API server at {url}: {source}")]
     Client {
         url: String,
@@ -67,6 +74,8 @@ pub struct TestApiServerBuilder {
     bookmark_interval: Duration,
     tls: Option<ServerTls>,
     listener: Option<std::net::TcpListener>,
+    tokens: HashMap<String, auth::UserInfo>,
+    enforce_rbac: bool,
 }
 
 impl TestApiServerBuilder {
@@ -142,6 +151,54 @@ impl TestApiServerBuilder {
         self
     }
 
+    /// Accept `Authorization: Bearer <token>` as user `name` in `groups` (and
+    /// `system:authenticated`). Once any user is registered, a request with any other
+    /// `Authorization` header gets 401 `Unauthorized`; requests without one are the
+    /// test's administrator (see [`enforce_rbac`](Self::enforce_rbac)).
+    pub fn user(
+        mut self,
+        token: impl Into<String>,
+        name: impl Into<String>,
+        groups: &[&str],
+    ) -> Self {
+        self.tokens
+            .insert(token.into(), auth::UserInfo::new(name, groups));
+        self
+    }
+
+    /// Accept `token` as the service account `namespace/name`: user
+    /// `system:serviceaccount:<namespace>:<name>` in the groups `system:serviceaccounts`,
+    /// `system:serviceaccounts:<namespace>` and `system:authenticated`, as the real
+    /// service account token authenticator says.
+    pub fn service_account(
+        mut self,
+        token: impl Into<String>,
+        namespace: &str,
+        name: &str,
+    ) -> Self {
+        self.tokens.insert(
+            token.into(),
+            auth::UserInfo::service_account(namespace, name),
+        );
+        self
+    }
+
+    /// Judge every request of an authenticated user (bearer token, or client
+    /// certificate with TLS) by RBAC, against the ClusterRoles, ClusterRoleBindings,
+    /// Roles and RoleBindings stored when the request arrives
+    /// (`rbac.authorization.k8s.io/v1`, served from now on like any resource), and log
+    /// each decision ([`TestApiServer::authorization_log`]). Denied: the real 403
+    /// `Forbidden`. Requests without credentials are not judged: the test's
+    /// administrator sets the world up with [`TestApiServer::client`].
+    pub fn enforce_rbac(mut self) -> Self {
+        use k8s_openapi::api::rbac::v1 as rbac;
+        self.enforce_rbac = true;
+        self.resource(ResourceDef::of::<rbac::ClusterRole>())
+            .resource(ResourceDef::of::<rbac::ClusterRoleBinding>())
+            .resource(ResourceDef::of::<rbac::Role>())
+            .resource(ResourceDef::of::<rbac::RoleBinding>())
+    }
+
     /// Bind 127.0.0.1 on a free port (or take the [`listener`](Self::listener)) and
     /// serve until [`TestApiServer::shutdown`] or drop.
     pub async fn start(self) -> Result<TestApiServer, Error> {
@@ -171,6 +228,7 @@ impl TestApiServerBuilder {
         let (expiry_tx, expiry_rx) = tokio::sync::watch::channel(0u64);
         let faults = Arc::new(Faults::default());
         let port_forwards = Arc::new(portforward::PortForwards::default());
+        let auth = Arc::new(auth::Auth::new(self.tokens, self.enforce_rbac));
         let app = Arc::new(routes::App {
             watch: watch::WatchContext {
                 store: store.clone(),
@@ -180,6 +238,7 @@ impl TestApiServerBuilder {
             },
             faults: faults.clone(),
             port_forwards: port_forwards.clone(),
+            auth: auth.clone(),
         });
         // The real server's request body limit is 3 MiB (axum's default would be 2 MiB).
         let router = axum::Router::new()
@@ -188,6 +247,10 @@ impl TestApiServerBuilder {
                 axum::routing::get(portforward::handle),
             )
             .fallback(routes::dispatch)
+            .layer(axum::middleware::from_fn_with_state(
+                app.clone(),
+                auth::middleware,
+            ))
             .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(app);
         let stop = shutdown.clone();
@@ -209,6 +272,7 @@ impl TestApiServerBuilder {
             store,
             faults,
             port_forwards,
+            auth,
             shutdown,
             expiry: expiry_tx,
             task: Mutex::new(Some(task)),
@@ -220,8 +284,11 @@ async fn serve<L>(listener: L, router: axum::Router, stop: CancellationToken)
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
+    for<'a> auth::PeerUser:
+        axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
-    let served = axum::serve(listener, router)
+    let service = router.into_make_service_with_connect_info::<auth::PeerUser>();
+    let served = axum::serve(listener, service)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await;
     if let Err(e) = served {
@@ -244,6 +311,7 @@ pub struct TestApiServer {
     store: Arc<Store>,
     faults: Arc<Faults>,
     port_forwards: Arc<portforward::PortForwards>,
+    auth: Arc<auth::Auth>,
     shutdown: CancellationToken,
     expiry: tokio::sync::watch::Sender<u64>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -257,6 +325,8 @@ impl TestApiServer {
             bookmark_interval: Duration::from_secs(1),
             tls: None,
             listener: None,
+            tokens: HashMap::new(),
+            enforce_rbac: false,
         }
     }
 
@@ -290,6 +360,19 @@ impl TestApiServer {
             .map_err(|source| Error::Client { url, source })
     }
 
+    /// A client (default namespace `default`) sending `Authorization: Bearer <token>`,
+    /// built from [`kubeconfig_with_token`](Self::kubeconfig_with_token), as a pod's
+    /// service account client would be. Must be called inside a tokio runtime.
+    pub fn client_with_token(&self, token: &str) -> kube::Client {
+        self.try_client_with_token(token)
+            .expect("a kube client for the server's own URL with a bearer token always builds")
+    }
+
+    /// Like [`client_with_token`](Self::client_with_token), returning the error.
+    pub fn try_client_with_token(&self, token: &str) -> Result<kube::Client, Error> {
+        self.client_from(self.kubeconfig_with_token(token))
+    }
+
     fn client_from(&self, kubeconfig: Kubeconfig) -> Result<kube::Client, Error> {
         let url = self.url();
         let config = kube::Config::try_from(kubeconfig).map_err(|source| Error::Kubeconfig {
@@ -314,6 +397,36 @@ impl TestApiServer {
     /// (PEM) as the user, whoever signed them.
     pub fn kubeconfig_with_identity(&self, cert_pem: &str, key_pem: &str) -> Kubeconfig {
         self.kubeconfig_for(Some((cert_pem, key_pem)))
+    }
+
+    /// Like [`kubeconfig`](Self::kubeconfig), with the user's `token:` set (and no
+    /// client certificate): the kubeconfig of a [token user](TestApiServerBuilder::user).
+    /// With TLS and a client CA the handshake needs a certificate, which would then be
+    /// the user: token users need plain HTTP or TLS without a client CA.
+    pub fn kubeconfig_with_token(&self, token: &str) -> Kubeconfig {
+        let mut kubeconfig = self.kubeconfig_for(None);
+        if let Some(user) = kubeconfig.auth_infos[0].auth_info.as_mut() {
+            user.token = Some(token.to_string().into());
+        }
+        kubeconfig
+    }
+
+    /// Create the objects of a multi-document YAML manifest (such as the controller's
+    /// shipped RBAC) directly in the store, as the administrator, skipping documents
+    /// whose kind is not served; returns the skipped ones as `Kind/name`. Namespaced
+    /// objects without a namespace go to `default`; the namespace must exist (or come
+    /// earlier in the file). Nothing is judged or logged.
+    pub fn create_from_yaml(&self, yaml: &str) -> Result<Vec<String>, Error> {
+        load::create_from_yaml(&self.store, yaml)
+    }
+
+    /// The authorization decisions about token (and client certificate) users'
+    /// requests so far, oldest first, with the grant that allowed each; empty unless
+    /// [`enforce_rbac`](TestApiServerBuilder::enforce_rbac). The newest 10 000 are
+    /// kept. A test can assert that nothing was denied, and which granted rules were
+    /// never used.
+    pub fn authorization_log(&self) -> Vec<AuthorizationRecord> {
+        self.auth.log().0
     }
 
     fn kubeconfig_for(&self, identity: Option<(&str, &str)>) -> Kubeconfig {

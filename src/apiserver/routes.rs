@@ -28,6 +28,8 @@ pub struct App {
     pub faults: Arc<Faults>,
     /// Where pods' forwarded ports lead (test hook).
     pub port_forwards: Arc<super::portforward::PortForwards>,
+    /// Token users, RBAC enforcement and the decision log.
+    pub auth: Arc<super::auth::Auth>,
 }
 
 /// A parsed resource URL.

@@ -163,6 +163,48 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// The client certificate's user, as the real x509 authenticator maps it: the
+/// subject's CN is the user name, its O entries the groups. A plain-HTTP connection,
+/// or a TLS one without a client certificate, has none.
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for super::auth::PeerUser
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let user = stream
+            .io()
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| certificate_user(leaf.as_ref()));
+        Self(user)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>>
+    for super::auth::PeerUser
+{
+    fn connect_info(_: axum::serve::IncomingStream<'_, TcpListener>) -> Self {
+        Self(None)
+    }
+}
+
+fn certificate_user(der: &[u8]) -> Option<super::auth::UserInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let groups: Vec<&str> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .collect();
+    Some(super::auth::UserInfo::new(name, &groups))
+}
+
 /// Accept TCP connections on `tcp` until `stop` or until the returned listener is
 /// dropped (the task then ends and the port closes).
 pub(super) fn spawn_acceptor(
@@ -234,5 +276,25 @@ async fn accept_error(e: io::Error, stop: &CancellationToken) {
     tokio::select! {
         _ = stop.cancelled() => {}
         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_certificate_names_its_user_by_cn_and_groups_by_o() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(rcgen::DnType::CommonName, "system:admin");
+        dn.push(rcgen::DnType::OrganizationName, "system:masters");
+        params.distinguished_name = dn;
+        let cert = params.self_signed(&key).unwrap();
+        let user = certificate_user(cert.der()).unwrap();
+        assert_eq!(user.name, "system:admin");
+        assert_eq!(user.groups, vec!["system:masters", "system:authenticated"]);
+        assert!(certificate_user(b"not a certificate").is_none());
     }
 }
