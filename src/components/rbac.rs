@@ -35,14 +35,14 @@ pub const MANAGER: &[Permission] = &[
     Permission {
         group: "controlplane.cluster.x-k8s.io",
         resources: &["kthreescontrolplanes/status"],
-        verbs: &["patch"],
-        why: "the CAPI status contract",
+        verbs: &["get", "patch"],
+        why: "the CAPI status contract (read back before a conditional write)",
     },
     Permission {
         group: "cluster.x-k8s.io",
         resources: &["machines"],
-        verbs: &["get", "list", "watch", "create", "patch", "delete"],
-        why: "control-plane Machines: created, hook and metadata patched, deleted",
+        verbs: &["list", "watch", "create", "patch", "delete"],
+        why: "control-plane Machines: watched (never read one by one), created, hook and metadata patched, deleted",
     },
     Permission {
         group: "cluster.x-k8s.io",
@@ -96,8 +96,8 @@ pub const SECRETS: &[Permission] = &[Permission {
 pub const LEADER_ELECTION: &[Permission] = &[Permission {
     group: "coordination.k8s.io",
     resources: &["leases"],
-    verbs: &["get", "create", "update", "patch"],
-    why: "one Lease shared by the replicas; only its holder acts",
+    verbs: &["get", "create", "patch"],
+    why: "one Lease shared by the replicas (taken and renewed by patch); only its holder acts",
 }];
 
 /// Aggregated into CAPI core's manager role (label
