@@ -456,13 +456,13 @@ async fn kubeconfig_rotation_keeps_access() {
         stale.list_core_api_versions().await.is_err(),
         "an expired client certificate was accepted"
     );
+    // With a 12 s lifetime renewed under 9 s left, a reconcile slowed by a
+    // loaded machine can read the Node in the instant between two
+    // rotations; what must hold is that access comes back, polled with a
+    // deadline, not that every sample is ready.
     wait_reconciles(&sandbox, &controller.ctx, 3).await;
-    let kcp = kcp_now(&sandbox.kcp_api()).await;
-    let ready = condition(&kcp, "MachinesReady").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.message.as_str()),
-        ("True", "1 of 1 ready")
-    );
+    let ready = wait_condition(&sandbox, "MachinesReady", "True", "1 of 1 ready").await;
+    assert_eq!(ready.message, "1 of 1 ready");
     controller.stop().await;
 }
 
@@ -679,6 +679,18 @@ async fn deleting_the_cluster_tears_everything_down_without_removing_a_member() 
         .await
         .unwrap();
     assert!(clusters.get_opt(CLUSTER).await.unwrap().is_none());
+    // Nothing of the deleted cluster is held any more: no pooled etcd
+    // connection, no workload client.
+    assert!(
+        controller.ctx.etcd.is_empty(),
+        "{} etcd handles kept after teardown",
+        controller.ctx.etcd.len()
+    );
+    assert!(
+        controller.ctx.workloads.is_empty(),
+        "{} workload clients kept after teardown",
+        controller.ctx.workloads.len()
+    );
     controller.stop().await;
 }
 

@@ -437,12 +437,72 @@ async fn namespace_scoped_components_bring_a_control_plane_up_with_nothing_grant
     let world = world(1, objects).await;
     let settings = Settings {
         namespace: Some(NAMESPACE.into()),
+        idle_requeue: Duration::from_secs(1),
         ..fast_settings()
     };
     let controller = Controller::start(&world.management, settings).await;
     let first = world.wait_first_machine(LIMIT).await.unwrap();
     let mut sandbox = world.boot_first(&first).await.unwrap();
     drive(&mut sandbox, "bring-up", async |s| ready(s, 1).await).await;
+
+    // Idle: nothing changes, the controller looks again every second. The
+    // control plane is decided on from the watch cache, which already shows
+    // the controller's own last write: no read of it per idle reconcile.
+    let settled = |s: &Sandbox| {
+        let api = s.kcp_api();
+        async move {
+            let kcp = api.get(KCP).await.ok()?;
+            let status = kcp.status.as_ref()?;
+            (status.ready_replicas == 1).then_some(())
+        }
+    };
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while settled(&sandbox).await.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let idle_from = {
+        let r = controller.ctx.metrics.reconciles.get();
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while controller.ctx.metrics.reconciles.get() < r + 2 {
+            assert!(tokio::time::Instant::now() < deadline, "no idle reconcile");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (
+            sandbox.management.authorization_log().len(),
+            controller.ctx.metrics.reconciles.get(),
+        )
+    };
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while controller.ctx.metrics.reconciles.get() < idle_from.1 + 4 {
+        assert!(tokio::time::Instant::now() < deadline, "no idle reconciles");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let idle_reconciles = controller.ctx.metrics.reconciles.get() - idle_from.1;
+    let idle: Vec<AuthorizationRecord> = sandbox.management.authorization_log()[idle_from.0..]
+        .iter()
+        .filter(|r| r.user == account_user() && r.resource_request)
+        .cloned()
+        .collect();
+    let kcp_reads = idle
+        .iter()
+        .filter(|r| r.resource == "kthreescontrolplanes" && r.verb == "get")
+        .count();
+    assert_eq!(
+        kcp_reads, 0,
+        "the control plane was read again while idle: {idle:#?}"
+    );
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &idle {
+        *by_kind
+            .entry(format!("{} {}", r.verb, r.resource))
+            .or_default() += 1;
+    }
+    eprintln!(
+        "e2e_rbac idle: {idle_reconciles} reconciles, {} management requests ({:.1} per reconcile): {by_kind:?}",
+        idle.len(),
+        idle.len() as f64 / idle_reconciles as f64
+    );
     controller.stop().await;
     let log: Vec<AuthorizationRecord> = sandbox
         .management

@@ -105,13 +105,16 @@ pub async fn act(
                 "resourceVersion": kcp.resource_version(),
                 "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()},
             }});
-            kcps.patch(
-                &kcp.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(act_err)?;
+            ctx.kcp_writes.started(kcp);
+            let written = kcps
+                .patch(
+                    &kcp.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(act_err)?;
+            ctx.kcp_writes.finished(&written);
         }
         Step::AddHook { machine, member } => {
             let patch = json!({"metadata": {
@@ -200,13 +203,16 @@ pub async fn act(
                 "resourceVersion": kcp.resource_version(),
                 "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: null},
             }});
-            kcps.patch(
-                &kcp.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(act_err)?;
+            ctx.kcp_writes.started(kcp);
+            let written = kcps
+                .patch(
+                    &kcp.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(act_err)?;
+            ctx.kcp_writes.finished(&written);
         }
         Step::Wait { .. } | Step::Done => return Ok(outcome),
     }

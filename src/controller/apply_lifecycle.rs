@@ -48,13 +48,16 @@ pub async fn apply(ctx: &Context, world: &World, lifecycle: &Lifecycle) -> Resul
                 "resourceVersion": kcp.resource_version(),
                 "finalizers": finalizers,
             }});
-            kcps.patch(
-                &kcp.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(act_err("add finalizer"))?;
+            ctx.kcp_writes.started(kcp);
+            let written = kcps
+                .patch(
+                    &kcp.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(act_err("add finalizer"))?;
+            ctx.kcp_writes.finished(&written);
             Ok(())
         }
         Lifecycle::Secrets { plan } => {

@@ -75,6 +75,9 @@ pub struct Context {
     /// When each etcd member (by cluster, then member id) was first seen.
     pub members_seen:
         Mutex<HashMap<String, std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>>>,
+    /// Our last write to each control plane, so a reconcile reads it again
+    /// only when the watch cache has not caught up with that write.
+    pub kcp_writes: KcpWrites,
     /// Whether this process may act now (leader election); always leading
     /// when election is disabled. A reconcile that starts without it returns
     /// without writing.
@@ -108,6 +111,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             template_owners: Mutex::new(Default::default()),
             members_seen: Mutex::new(HashMap::new()),
+            kcp_writes: KcpWrites::default(),
             leader,
         })
     }
@@ -145,11 +149,137 @@ impl Context {
         current
     }
 
+    /// Forget everything held for the workload cluster `namespace/cluster`
+    /// (its control plane is gone): pooled etcd connections, the workload
+    /// client, first-seen member times and its metric series. A deleted
+    /// cluster costs nothing afterwards.
+    pub fn forget_cluster(&self, namespace: &str, cluster: &str) {
+        self.etcd.drop_cluster(&super::etcd_pool::PoolKey {
+            namespace: namespace.to_string(),
+            cluster: cluster.to_string(),
+        });
+        self.workloads
+            .invalidate(&crate::workload::ClusterKey::new(namespace, cluster));
+        let key = format!("{namespace}/{cluster}");
+        self.members_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        self.metrics.forget_cluster(&key);
+    }
+
+    /// Forget what is held for the control plane `namespace/name` itself.
+    pub fn forget_control_plane(&self, namespace: &str, name: &str) {
+        self.kcp_writes.forget(&format!("{namespace}/{name}"));
+    }
+
     /// A successful reconcile resets `object`'s backoff.
     pub fn reset_error_backoff(&self, object: &str) {
         self.failures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(object);
+    }
+}
+
+/// The resourceVersion of our last write to each KThreesControlPlane
+/// (`namespace/name`). The watch cache may lag behind our own writes (an
+/// annotation that records a step, the status): a reconcile decides on the
+/// cached object only when it already shows our last write, and reads the
+/// object otherwise. A write in flight, or one whose outcome is unknown, forces
+/// a read. Without a write in this process the cache is as current as a read.
+#[derive(Debug, Default)]
+pub struct KcpWrites(Mutex<HashMap<String, Option<String>>>);
+
+impl KcpWrites {
+    fn key(kcp: &crate::api::KThreesControlPlane) -> String {
+        use kube::ResourceExt;
+        format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any())
+    }
+
+    /// Before writing `kcp`: until the write's result is known, read it.
+    pub fn started(&self, kcp: &crate::api::KThreesControlPlane) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(Self::key(kcp), None);
+    }
+
+    /// After a write succeeded: the object as the server returned it. Also
+    /// after a read that found the cache current (the same version).
+    pub fn finished(&self, written: &crate::api::KThreesControlPlane) {
+        use kube::ResourceExt;
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(Self::key(written), written.resource_version());
+    }
+
+    /// Whether `cached` already shows our last write (or we wrote nothing).
+    pub fn cache_is_current(&self, cached: &crate::api::KThreesControlPlane) -> bool {
+        use kube::ResourceExt;
+        match self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&Self::key(cached))
+        {
+            None => true,
+            Some(None) => false,
+            Some(Some(version)) => cached.resource_version().as_ref() == Some(version),
+        }
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+}
+
+#[cfg(test)]
+mod kcp_writes_tests {
+    use super::KcpWrites;
+    use crate::api::KThreesControlPlane;
+
+    fn kcp(version: &str) -> KThreesControlPlane {
+        let mut kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {"version": "v1.31.4+k3s1", "machineTemplate": {"infrastructureRef": {
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                "kind": "DockerMachineTemplate", "name": "t"}}}
+        }))
+        .unwrap();
+        kcp.metadata.resource_version = Some(version.into());
+        kcp
+    }
+
+    #[test]
+    fn without_a_write_of_ours_the_cache_is_current() {
+        assert!(KcpWrites::default().cache_is_current(&kcp("5")));
+    }
+
+    #[test]
+    fn the_cache_is_current_only_once_it_shows_our_last_write() {
+        let writes = KcpWrites::default();
+        writes.started(&kcp("5"));
+        assert!(!writes.cache_is_current(&kcp("5")), "a write in flight");
+        writes.finished(&kcp("6"));
+        assert!(
+            !writes.cache_is_current(&kcp("5")),
+            "the cache lags behind it"
+        );
+        assert!(writes.cache_is_current(&kcp("6")));
+        assert!(
+            !writes.cache_is_current(&kcp("7")),
+            "a later write: read it"
+        );
+        // The read found the cache current: trust it until our next write.
+        writes.finished(&kcp("7"));
+        assert!(writes.cache_is_current(&kcp("7")));
+        writes.started(&kcp("6"));
+        assert!(!writes.cache_is_current(&kcp("6")), "outcome unknown");
+        writes.forget("ns/cp");
+        assert!(writes.cache_is_current(&kcp("6")));
     }
 }

@@ -181,6 +181,17 @@ impl Metrics {
         ForgetEtcdQuorums(self.clone())
     }
 
+    /// Remove every per-cluster series of `cluster` (its control plane is gone).
+    pub fn forget_cluster(&self, cluster: &str) {
+        self.etcd_quorum(cluster, None);
+        for t in ["direct", "port-forward"] {
+            self.etcd_transport.remove(&EtcdTransportLabels {
+                cluster: cluster.to_string(),
+                transport: t.to_string(),
+            });
+        }
+    }
+
     /// `cluster` uses `transport` now (the other transport's series drops to 0).
     pub fn etcd_transport(&self, cluster: &str, transport: &str) {
         for t in ["direct", "port-forward"] {

@@ -46,20 +46,31 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
     // The watch cache may lag behind our own last writes (an annotation, the
     // status with lastRemediation): decide on, and build status from, the
     // current object, or a stale status would be written back.
+    // Read only when the cache has not yet shown our last write.
     let namespace = cached.namespace().unwrap_or_default();
     let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(current) =
-        kcps.get_opt(&cached.name_any())
+    let read = if ctx.kcp_writes.cache_is_current(cached) {
+        Some(cached.clone())
+    } else {
+        let fresh = kcps
+            .get_opt(&cached.name_any())
             .await
             .map_err(|source| Error::Observe {
                 context: format!("get KThreesControlPlane {namespace}/{}", cached.name_any()),
                 source,
-            })?
-    else {
-        // Gone: its etcd series go with it.
+            })?;
+        if let Some(fresh) = &fresh
+            && fresh.resource_version() == cached.resource_version()
+        {
+            ctx.kcp_writes.finished(fresh);
+        }
+        fresh
+    };
+    let Some(current) = read else {
+        // Gone: its connections, caches and series go with it.
+        ctx.forget_control_plane(&namespace, &cached.name_any());
         if let Some(cluster) = super::observe::cluster_name(cached) {
-            ctx.metrics
-                .etcd_quorum(&format!("{namespace}/{cluster}"), None);
+            ctx.forget_cluster(&namespace, &cluster);
         }
         return Ok(Requeue::await_change());
     };
@@ -100,7 +111,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             // Refuse, say why on the object, and act on nothing.
             let status = kcp_status(&world, &lifecycle, Some(Err(&refusal)), None);
             let changed = kcp.status.as_ref() != Some(&status);
-            write_kcp_status(&kcps, kcp, &status).await?;
+            write_kcp_status(&kcps, &ctx.kcp_writes, kcp, &status).await?;
             if changed {
                 let reason = match refusal {
                     Refusal::Invalid(_) => "InvalidSpec",
@@ -166,7 +177,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         plan.action,
         Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
     );
-    write_kcp_status_after(&kcps, kcp, acted, &status).await?;
+    write_kcp_status_after(&kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
 
     match &plan.action {
         Action::Wait => {
@@ -227,6 +238,10 @@ async fn settle_lifecycle(
         }
     );
     if gone {
+        ctx.forget_control_plane(&kcp.namespace().unwrap_or_default(), &kcp.name_any());
+        if let Some(cluster) = &world.cluster_name {
+            ctx.forget_cluster(&kcp.namespace().unwrap_or_default(), cluster);
+        }
         return Ok(Requeue::await_change());
     }
     let status = kcp_status(world, lifecycle, None, None);
@@ -235,7 +250,7 @@ async fn settle_lifecycle(
         lifecycle,
         Lifecycle::AddFinalizer | Lifecycle::Secrets { .. } | Lifecycle::Delete { .. }
     );
-    write_kcp_status_after(kcps, kcp, acted, &status).await?;
+    write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
     if changed {
         info!(rule = %rule, "{}", lifecycle.message());
     }

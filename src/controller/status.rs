@@ -17,6 +17,7 @@ use crate::etcd::MembershipSnapshot;
 use crate::remediation::decide::{ConditionValue, Outcome};
 use crate::remediation::steps::Step;
 
+use super::context::KcpWrites;
 use super::contract_conditions::{self, contract_conditions, replicas, v1beta1_mirror};
 use super::error::{Error, Result};
 use super::plan::{Action, Plan, Refusal};
@@ -432,6 +433,7 @@ pub fn machine_conditions(world: &World, plan: &Plan, machine: &Machine) -> Mach
 /// Write the KCP status; conflicts surface as errors and the reconcile retries.
 pub async fn write_kcp_status(
     api: &Api<KThreesControlPlane>,
+    writes: &KcpWrites,
     kcp: &KThreesControlPlane,
     status: &KThreesControlPlaneStatus,
 ) -> Result<()> {
@@ -446,16 +448,19 @@ pub async fn write_kcp_status(
         // A merge patch keeps what it does not name: null removes it.
         patch["status"]["etcd"] = serde_json::Value::Null;
     }
-    api.patch_status(
-        &kcp.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        context: format!("KThreesControlPlane {}", kcp.name_any()),
-        source,
-    })?;
+    writes.started(kcp);
+    let written = api
+        .patch_status(
+            &kcp.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            context: format!("KThreesControlPlane {}", kcp.name_any()),
+            source,
+        })?;
+    writes.finished(&written);
     Ok(())
 }
 
@@ -465,12 +470,13 @@ pub async fn write_kcp_status(
 /// or written when the status is unchanged.
 pub async fn write_kcp_status_after(
     api: &Api<KThreesControlPlane>,
+    writes: &KcpWrites,
     observed: &KThreesControlPlane,
     acted: bool,
     status: &KThreesControlPlaneStatus,
 ) -> Result<()> {
     if !acted {
-        return write_kcp_status(api, observed, status).await;
+        return write_kcp_status(api, writes, observed, status).await;
     }
     let fresh = api
         .get_status(&observed.name_any())
@@ -479,7 +485,7 @@ pub async fn write_kcp_status_after(
             context: format!("KThreesControlPlane {}", observed.name_any()),
             source,
         })?;
-    write_kcp_status(api, &fresh, status).await
+    write_kcp_status(api, writes, &fresh, status).await
 }
 
 /// Apply `changes` to the Machine's conditions and write them if they changed,
