@@ -29,7 +29,8 @@
 //! that of K others at the same moment; mark -> Machine gone, p50/p99.
 //!
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
-//! [--window SECONDS] [--perf SECONDS] [--no-fleet] [--no-remediation]`
+//! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
+//! [--no-remediation]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
 //! its window with `perf record`).
 
@@ -145,12 +146,14 @@ fn machine_name(cluster: &str, j: usize) -> String {
 /// initialized KThreesControlPlane with our finalizer, 3 Machines made from its
 /// current spec (spec-hash annotation) and provisioned (nodeRef, InternalIP),
 /// and in its workload API 3 ready control-plane Nodes annotated with the
-/// members of `etcd`.
+/// members of `etcd`. Not `managed`: no `<cluster>-etcd` Secret, so the
+/// controller does not manage (nor connect to) its etcd.
 async fn add_cluster(
     management: &kube::Client,
     common: &CommonSecrets,
     i: usize,
     etcd: &EtcdInfo,
+    managed: bool,
 ) -> TestApiServer {
     let cluster = cluster_name(i);
     let kcp_name = format!("{cluster}-control-plane");
@@ -199,6 +202,9 @@ async fn add_cluster(
         ("cca", pair(&common.cca)),
         ("token", json!({"value": common.token})),
     ] {
+        if suffix == "etcd" && !managed {
+            continue;
+        }
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("{cluster}-{suffix}"), "labels": {CLUSTER_NAME_LABEL: cluster}},
@@ -281,18 +287,29 @@ async fn add_cluster(
     workload
 }
 
-/// Has a status from a reconcile that read its 3 Machines, their Nodes and etcd.
-fn reconciled(kcp: &KThreesControlPlane) -> bool {
+/// Has a status from a reconcile that read its 3 Machines, their Nodes and
+/// etcd (healthy; not managed: `EtcdNotManaged`).
+fn reconciled(kcp: &KThreesControlPlane, managed: bool) -> bool {
     kcp.status.as_ref().is_some_and(|s| {
         s.ready_replicas == 3
             && k3s_control_plane::api::conditions::get(&s.conditions, ETCD_CLUSTER_HEALTHY)
-                .is_some_and(|c| c.status == "True")
+                .is_some_and(|c| {
+                    if managed {
+                        c.status == "True"
+                    } else {
+                        c.reason == "EtcdNotManaged"
+                    }
+                })
     })
 }
 
 /// Resolves when `expected` KThreesControlPlanes are [`reconciled`]; the watch
 /// is running when this returns.
-async fn all_reconciled(client: kube::Client, expected: usize) -> tokio::task::JoinHandle<Instant> {
+async fn all_reconciled(
+    client: kube::Client,
+    expected: usize,
+    managed: bool,
+) -> tokio::task::JoinHandle<Instant> {
     let kcps: Api<KThreesControlPlane> = Api::namespaced(client, NAMESPACE);
     let (watch_ready, watching) = tokio::sync::oneshot::channel();
     let done = tokio::spawn(async move {
@@ -306,7 +323,7 @@ async fn all_reconciled(client: kube::Client, expected: usize) -> tokio::task::J
                         let _ = ready.send(());
                     }
                 }
-                Event::Apply(kcp) | Event::InitApply(kcp) if reconciled(&kcp) => {
+                Event::Apply(kcp) | Event::InitApply(kcp) if reconciled(&kcp, managed) => {
                     seen.insert(kcp.name_any());
                 }
                 _ => {}
@@ -493,12 +510,18 @@ async fn idle_window(
 
 struct FleetRun {
     n: usize,
+    /// etcd managed (a `<cluster>-etcd` Secret each).
+    managed: bool,
     populate: Duration,
     all_status_after: Duration,
+    /// CPU ticks the process used from its start until every control plane had a status.
+    cpu_to_status: u64,
     reconciles_to_status: u64,
     memory_at_status: (u64, u64),
     window: Window,
     quiet: bool,
+    /// JSON bytes of the watched objects at the end.
+    cached_json: usize,
 }
 
 fn mcpu(window: &Window, ticks_per_second: u64) -> f64 {
@@ -517,18 +540,22 @@ async fn idle_empty(length: Duration) -> FleetRun {
     process.stop().await;
     FleetRun {
         n: 0,
+        managed: false,
         populate: Duration::ZERO,
         all_status_after: ready,
+        cpu_to_status: 0,
         reconciles_to_status: 0,
         memory_at_status,
         window,
         quiet,
+        cached_json: 0,
     }
 }
 
-/// `perf record -g` of the idle process for `seconds` (after the window, so it
-/// does not count in it), its top symbols printed and saved to
-/// `target/scale-perf-<n>.txt`.
+/// `perf record --call-graph dwarf` of the idle process for `seconds` (after
+/// the window, so it does not count in it). Printed and saved to
+/// `target/scale-perf-<n>.txt`: self time by symbol, and the inclusive
+/// (children) share of the controller's own functions.
 fn perf_profile(pid: u32, n: usize, seconds: u64) {
     let data = format!("/tmp/scale-perf-{n}.data");
     let recorded = std::process::Command::new("perf")
@@ -536,14 +563,12 @@ fn perf_profile(pid: u32, n: usize, seconds: u64) {
             "record",
             "-F",
             "499",
-            "-g",
+            "--call-graph",
+            "dwarf,16384",
             "-o",
             &data,
-            "-p",
-            &pid.to_string(),
-            "--",
         ])
-        .args(["sleep", &seconds.to_string()])
+        .args(["-p", &pid.to_string(), "--", "sleep", &seconds.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
@@ -551,31 +576,44 @@ fn perf_profile(pid: u32, n: usize, seconds: u64) {
         eprintln!("N={n}: perf record failed (is perf installed and permitted?)");
         return;
     }
-    let report = std::process::Command::new("perf")
-        .args([
-            "report",
-            "-i",
-            &data,
-            "--stdio",
-            "--no-children",
-            "--sort",
-            "dso,symbol",
-        ])
-        .args(["-g", "none", "--percent-limit", "0.7"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    let path = format!("{}/target/scale-perf-{n}.txt", env!("CARGO_MANIFEST_DIR"));
-    let _ = std::fs::write(&path, &report);
-    println!(
-        "N={n}: perf profile of the idle process over {seconds} s (self time, top symbols; {path}):"
+    let report = |args: &[&str]| {
+        std::process::Command::new("perf")
+            .args(["report", "-i", &data, "--stdio", "-g", "none"])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| l.trim_end().to_string())
+            .collect::<Vec<_>>()
+    };
+    let own = report(&[
+        "--no-children",
+        "--sort",
+        "dso,symbol",
+        "--percent-limit",
+        "0.5",
+    ]);
+    let inclusive: Vec<String> =
+        report(&["--children", "--sort", "symbol", "--percent-limit", "1"])
+            .into_iter()
+            .filter(|l| l.contains("k3s_control_plane::") || l.contains("kube_runtime::"))
+            .collect();
+    let text = format!(
+        "self time (dso, symbol):\n{}\n\ninclusive, the controller's functions:\n{}\n",
+        own.join("\n"),
+        inclusive.join("\n")
     );
-    for line in report
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .take(30)
-    {
+    let path = format!("{}/target/scale-perf-{n}.txt", env!("CARGO_MANIFEST_DIR"));
+    let _ = std::fs::write(&path, &text);
+    println!("N={n}: perf profile of the idle process over {seconds} s ({path}):");
+    for line in own.iter().take(25) {
         println!("  {line}");
+    }
+    println!("  inclusive (children), the controller's functions:");
+    for line in inclusive.iter().take(40) {
+        println!("  {}", line.chars().take(220).collect::<String>());
     }
 }
 
@@ -585,6 +623,7 @@ async fn fleet(
     common: &CommonSecrets,
     length: Duration,
     profile: Option<u64>,
+    managed: bool,
 ) -> FleetRun {
     let management = management_server().await.expect("management server");
     let client = management.client();
@@ -595,7 +634,7 @@ async fn fleet(
             async move {
                 (
                     i,
-                    add_cluster(&client, common, i, &etcd[i % etcd.len()]).await,
+                    add_cluster(&client, common, i, &etcd[i % etcd.len()], managed).await,
                 )
             }
         })
@@ -607,7 +646,7 @@ async fn fleet(
     let populate = started.elapsed();
     eprintln!("N={n}: populated in {:.1} s", populate.as_secs_f64());
 
-    let done = all_reconciled(client.clone(), n).await;
+    let done = all_reconciled(client.clone(), n, managed).await;
     let spawned = Instant::now();
     let process = ControllerProcess::spawn(&management, READY_LIMIT).await;
     let limit = Duration::from_secs(120 + n as u64);
@@ -619,6 +658,7 @@ async fn fleet(
         ),
     };
     let all_status_after = all_done - spawned;
+    let cpu_to_status = process.cpu_ticks();
     let memory_at_status = process.memory();
     let reconciles_to_status = process.reconciles().await;
     eprintln!(
@@ -641,16 +681,47 @@ async fn fleet(
         );
     }
     process.stop().await;
+    let cached_json = watched_json_bytes(&client).await;
     drop(workloads);
     FleetRun {
         n,
+        managed,
         populate,
         all_status_after,
+        cpu_to_status,
         reconciles_to_status,
         memory_at_status,
         window,
         quiet,
+        cached_json,
     }
+}
+
+/// JSON size of what the controller's watches hold (every KThreesControlPlane,
+/// Cluster and Machine, as the server returns them): a floor for the caches'
+/// share of the RSS.
+async fn watched_json_bytes(client: &kube::Client) -> usize {
+    async fn size<K>(api: Api<K>) -> usize
+    where
+        K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    {
+        api.list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    size(Api::<KThreesControlPlane>::namespaced(
+        client.clone(),
+        NAMESPACE,
+    ))
+    .await
+        + size(Api::<Cluster>::namespaced(client.clone(), NAMESPACE)).await
+        + size(Api::<Machine>::namespaced(client.clone(), NAMESPACE)).await
 }
 
 // ---------------------------------------------------------------- remediation
@@ -744,6 +815,8 @@ struct RemediationFigures {
     batch: Vec<Duration>,
     k: usize,
     all_status_after: Duration,
+    /// Metrics and log messages of the batch.
+    diagnostics: Vec<String>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -762,7 +835,7 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
     let workloads: Vec<TestApiServer> = futures::stream::iter(0..total)
         .map(|i| {
             let (client, info, common) = (client.clone(), &helpers.infos[i], &common);
-            async move { add_cluster(&client, common, i, info).await }
+            async move { add_cluster(&client, common, i, info, true).await }
         })
         .buffer_unordered(8)
         .collect()
@@ -796,7 +869,7 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
     });
     watching.await.expect("Machine watch started");
 
-    let done = all_reconciled(client.clone(), total).await;
+    let done = all_reconciled(client.clone(), total, true).await;
     let spawned = Instant::now();
     let process = ControllerProcess::spawn(&management, READY_LIMIT).await;
     let all_done = tokio::time::timeout(Duration::from_secs(180), done)
@@ -841,6 +914,9 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let names: Vec<String> = (singles..total).map(target).collect();
+    let metrics0 = process.metrics().await;
+    let ticks0 = process.cpu_ticks();
+    let log0 = process.log_lines().len();
     let marked = Instant::now();
     futures::future::join_all(names.iter().map(|n| mark_machine_unhealthy(&machines, n)))
         .await
@@ -848,6 +924,55 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
         .collect::<Result<Vec<_>, _>>()
         .expect("mark");
     let batch = wait_gone(names, marked).await;
+    let busy = marked.elapsed();
+    let cpu = (process.cpu_ticks() - ticks0) as f64 / clock_ticks_per_second() as f64;
+    let metrics1 = process.metrics().await;
+    // What the controller did meanwhile: errors by stage, remediation outcomes,
+    // etcd operations (count, total seconds), reconciles.
+    let mut diagnostics: Vec<String> = metrics1
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("k3scp_reconcile_errors_total")
+                || k.starts_with("k3scp_remediations_total")
+                || k.starts_with("k3scp_reconciles_total")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_count")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_sum")
+                || k.starts_with("k3scp_reconcile_duration_seconds_count")
+                || k.starts_with("k3scp_reconcile_duration_seconds_sum")
+        })
+        .filter_map(|(k, v)| {
+            let d = v - metrics0.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| format!("{k} +{d:.3}"))
+        })
+        .collect();
+    diagnostics.push(format!(
+        "controller CPU {cpu:.2} s over the {:.2} s until the last Machine was gone",
+        busy.as_secs_f64()
+    ));
+    // WARN/ERROR lines logged meanwhile, by message.
+    let mut messages: BTreeMap<String, usize> = BTreeMap::new();
+    for line in &process.log_lines()[log0..] {
+        if line.contains("WARN") || line.contains("ERROR") {
+            let message = line
+                .split_once("WARN")
+                .or_else(|| line.split_once("ERROR"))
+                .map(|(_, m)| m)
+                .unwrap_or(line);
+            // Drop names and numbers so that like messages group.
+            let key: String = message
+                .split_whitespace()
+                .filter(|w| !w.chars().any(|c| c.is_ascii_digit()))
+                .collect::<Vec<_>>()
+                .join(" ")
+                .chars()
+                .take(200)
+                .collect();
+            *messages.entry(key).or_default() += 1;
+        }
+    }
+    for (m, n) in messages {
+        diagnostics.push(format!("log x{n}: {m}"));
+    }
     process.stop().await;
     watch.abort();
     drop(workloads);
@@ -857,6 +982,7 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
         batch,
         k,
         all_status_after,
+        diagnostics,
     }
 }
 
@@ -870,6 +996,14 @@ fn top(counts: &Counts, limit: usize) -> String {
         .map(|((verb, res), n)| format!("{verb} {res} {n}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn label(r: &FleetRun) -> String {
+    if r.managed || r.n == 0 {
+        r.n.to_string()
+    } else {
+        format!("{} (etcd not managed)", r.n)
+    }
 }
 
 fn print_fleet(runs: &[FleetRun], ticks: u64) {
@@ -913,7 +1047,7 @@ fn print_fleet(runs: &[FleetRun], ticks: u64) {
         };
         println!(
             "| {} | {:.1} MiB | {:.1} / {:.1} MiB | {per_mib} | {cpu:.1} | {per_mcpu} | {} -> {} | {} | {} | {} / {} / {} | {} | {} | {:.2} s{} | {:.1} s |",
-            r.n,
+            label(r),
             mib(r.memory_at_status.0),
             mib(w.memory_end.0),
             mib(w.memory_end.1),
@@ -934,8 +1068,8 @@ fn print_fleet(runs: &[FleetRun], ticks: u64) {
     for r in runs {
         let w = &r.window;
         println!(
-            "N={}: window {:.1} s{}; {} reconciles to status; management requests: [{}]; workload: [{}]; etcd operations: {:?}",
-            r.n,
+            "N={}: window {:.1} s{}; {} reconciles and {:.1} s of controller CPU until all had a status; watched objects {:.1} KiB JSON per CP; management requests: [{}]; workload: [{}]; etcd operations: {:?}",
+            label(r),
             w.seconds,
             if r.quiet {
                 ""
@@ -943,6 +1077,8 @@ fn print_fleet(runs: &[FleetRun], ticks: u64) {
                 " (NOT quiet: other builds ran)"
             },
             r.reconciles_to_status,
+            r.cpu_to_status as f64 / ticks as f64,
+            r.cached_json as f64 / 1024.0 / r.n.max(1) as f64,
             top(&w.management, 12),
             top(&w.workload, 6),
             w.etcd_operations
@@ -984,10 +1120,16 @@ fn print_remediation(r: &RemediationFigures) {
             ms(percentile(&batch, 0.99)) / ms(percentile(&singles, 0.99))
         );
     }
+    println!("during the batch:");
+    for d in &r.diagnostics {
+        println!("  {d}");
+    }
 }
 
 struct Options {
     fleets: Vec<usize>,
+    /// Fleets run again without a `<cluster>-etcd` Secret (the etcd clients' share).
+    unmanaged: Vec<usize>,
     remediations: usize,
     singles: usize,
     window: Duration,
@@ -1000,6 +1142,7 @@ struct Options {
 fn options() -> Options {
     let mut o = Options {
         fleets: Vec::new(),
+        unmanaged: Vec::new(),
         remediations: 50,
         singles: 5,
         window: Duration::from_secs(60),
@@ -1020,6 +1163,7 @@ fn options() -> Options {
             "--singles" => o.singles = value("--singles") as usize,
             "--window" => o.window = Duration::from_secs(value("--window")),
             "--no-fleet" => o.fleet = false,
+            "--unmanaged" => o.unmanaged.push(value("--unmanaged") as usize),
             "--perf" => o.perf = Some(value("--perf")),
             "--no-remediation" => o.remediation = false,
             n => o.fleets.push(
@@ -1081,7 +1225,11 @@ fn main() {
                 let profile = (Some(&n) == o.fleets.iter().max())
                     .then_some(o.perf)
                     .flatten();
-                runs.push(fleet(n, &infos, &common, o.window, profile).await);
+                runs.push(fleet(n, &infos, &common, o.window, profile, true).await);
+                print_fleet(&runs, ticks);
+            }
+            for &n in &o.unmanaged {
+                runs.push(fleet(n, &infos, &common, o.window, None, false).await);
                 print_fleet(&runs, ticks);
             }
             drop(etcd);

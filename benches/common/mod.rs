@@ -168,6 +168,15 @@ impl ControllerProcess {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// Every line logged so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Lines of the log that contain `needle`.
     pub fn log_lines_with(&self, needle: &str) -> usize {
         std::fs::read_to_string(&self.log)
