@@ -30,7 +30,7 @@
 //!
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
-//! [--no-remediation]`
+//! [--no-remediation] [--remediation-concurrency C]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
 //! its window with `perf record`).
 
@@ -146,8 +146,9 @@ fn machine_name(cluster: &str, j: usize) -> String {
 /// initialized KThreesControlPlane with our finalizer, 3 Machines made from its
 /// current spec (spec-hash annotation) and provisioned (nodeRef, InternalIP),
 /// and in its workload API 3 ready control-plane Nodes annotated with the
-/// members of `etcd`. Not `managed`: no `<cluster>-etcd` Secret, so the
-/// controller does not manage (nor connect to) its etcd.
+/// members of `etcd`. Not `managed`: an external datastore
+/// (`serverConfig.datastoreEndpoint`) and no `<cluster>-etcd` Secret, so the
+/// controller has no etcd to connect to (`EtcdNotManaged`).
 async fn add_cluster(
     management: &kube::Client,
     common: &CommonSecrets,
@@ -241,6 +242,14 @@ async fn add_cluster(
     let kcps: Api<KThreesControlPlane> = Api::namespaced(management.clone(), NAMESPACE);
     let mut object = kcp_object(&kcp_name, &created_cluster, 3);
     object.metadata.finalizers = Some(vec![KCP_FINALIZER.to_string()]);
+    if !managed {
+        // An external datastore: no etcd of ours to connect to.
+        object
+            .spec
+            .kthrees_config_spec
+            .server_config
+            .datastore_endpoint = Some("https://datastore.invalid:2379".into());
+    }
     let kcp = kcps
         .create(&PostParams::default(), &object)
         .await
@@ -810,6 +819,31 @@ impl Drop for EtcdHelpers {
     }
 }
 
+/// What the controller did between two /metrics samples: errors by stage,
+/// remediation outcomes, etcd operations (count, total seconds), reconciles
+/// (count, total seconds).
+fn metric_diff(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("k3scp_reconcile_errors_total")
+                || k.starts_with("k3scp_remediations_total")
+                || k.starts_with("k3scp_reconciles_total")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_count")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_sum")
+                || k.starts_with("k3scp_reconcile_duration_seconds_count")
+                || k.starts_with("k3scp_reconcile_duration_seconds_sum")
+        })
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
 struct RemediationFigures {
     singles: Vec<Duration>,
     batch: Vec<Duration>,
@@ -825,7 +859,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank - 1]
 }
 
-async fn remediation(k: usize, singles: usize) -> RemediationFigures {
+async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> RemediationFigures {
     let total = k + singles;
     let helpers = start_helpers(total);
     let common = CommonSecrets::new();
@@ -871,7 +905,9 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
 
     let done = all_reconciled(client.clone(), total, true).await;
     let spawned = Instant::now();
-    let process = ControllerProcess::spawn(&management, READY_LIMIT).await;
+    let flag = concurrency.map(|c| format!("--concurrency={c}"));
+    let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+    let process = ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await;
     let all_done = tokio::time::timeout(Duration::from_secs(180), done)
         .await
         .unwrap_or_else(|_| panic!("remediation world not reconciled:\n{}", process.log_tail()))
@@ -904,15 +940,24 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
     let quiet = wait_quiet(Duration::from_secs(180)).await;
     let _ = quiet;
     let mut single_times = Vec::new();
+    let mut single_metrics: BTreeMap<String, f64> = BTreeMap::new();
     for i in 0..singles {
         let name = target(i);
+        let before = process.metrics().await;
         let marked = Instant::now();
         mark_machine_unhealthy(&machines, &name)
             .await
             .expect("mark");
         single_times.extend(wait_gone(vec![name], marked).await);
+        for (k, v) in metric_diff(&before, &process.metrics().await) {
+            *single_metrics.entry(k).or_default() += v;
+        }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    let mut diagnostics: Vec<String> = single_metrics
+        .iter()
+        .map(|(k, v)| format!("singles, summed from mark to gone: {k} +{v:.3}"))
+        .collect();
     let names: Vec<String> = (singles..total).map(target).collect();
     let metrics0 = process.metrics().await;
     let ticks0 = process.cpu_ticks();
@@ -927,24 +972,11 @@ async fn remediation(k: usize, singles: usize) -> RemediationFigures {
     let busy = marked.elapsed();
     let cpu = (process.cpu_ticks() - ticks0) as f64 / clock_ticks_per_second() as f64;
     let metrics1 = process.metrics().await;
-    // What the controller did meanwhile: errors by stage, remediation outcomes,
-    // etcd operations (count, total seconds), reconciles.
-    let mut diagnostics: Vec<String> = metrics1
-        .iter()
-        .filter(|(k, _)| {
-            k.starts_with("k3scp_reconcile_errors_total")
-                || k.starts_with("k3scp_remediations_total")
-                || k.starts_with("k3scp_reconciles_total")
-                || k.starts_with("k3scp_etcd_operation_duration_seconds_count")
-                || k.starts_with("k3scp_etcd_operation_duration_seconds_sum")
-                || k.starts_with("k3scp_reconcile_duration_seconds_count")
-                || k.starts_with("k3scp_reconcile_duration_seconds_sum")
-        })
-        .filter_map(|(k, v)| {
-            let d = v - metrics0.get(k).copied().unwrap_or(0.0);
-            (d != 0.0).then(|| format!("{k} +{d:.3}"))
-        })
-        .collect();
+    diagnostics.extend(
+        metric_diff(&metrics0, &metrics1)
+            .into_iter()
+            .map(|(k, d)| format!("batch: {k} +{d:.3}")),
+    );
     diagnostics.push(format!(
         "controller CPU {cpu:.2} s over the {:.2} s until the last Machine was gone",
         busy.as_secs_f64()
@@ -1135,6 +1167,8 @@ struct Options {
     window: Duration,
     fleet: bool,
     remediation: bool,
+    /// `run --concurrency` of the remediation controller (default: the binary's, 10).
+    concurrency: Option<u16>,
     /// Seconds of `perf record` after the largest N's window.
     perf: Option<u64>,
 }
@@ -1149,6 +1183,7 @@ fn options() -> Options {
         fleet: true,
         remediation: true,
         perf: None,
+        concurrency: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1165,6 +1200,9 @@ fn options() -> Options {
             "--no-fleet" => o.fleet = false,
             "--unmanaged" => o.unmanaged.push(value("--unmanaged") as usize),
             "--perf" => o.perf = Some(value("--perf")),
+            "--remediation-concurrency" => {
+                o.concurrency = Some(value("--remediation-concurrency") as u16)
+            }
             "--no-remediation" => o.remediation = false,
             n => o.fleets.push(
                 n.parse()
@@ -1172,7 +1210,7 @@ fn options() -> Options {
             ),
         }
     }
-    if o.fleets.is_empty() {
+    if o.fleets.is_empty() && o.unmanaged.is_empty() {
         o.fleets = vec![100, 300, 1000];
     }
     o
@@ -1235,7 +1273,7 @@ fn main() {
             drop(etcd);
         }
         if o.remediation {
-            let figures = remediation(o.remediations, o.singles).await;
+            let figures = remediation(o.remediations, o.singles, o.concurrency).await;
             print_remediation(&figures);
         }
         println!("(whole bench {:.0} s)", started.elapsed().as_secs_f64());
