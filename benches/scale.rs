@@ -594,7 +594,8 @@ fn perf_profile(pid: u32, n: usize, seconds: u64) {
             .unwrap_or_default()
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|l| l.trim_end().to_string())
+            // perf pads lines and ends them with empty columns ("-  -").
+            .map(|l| l.trim_end().trim_end_matches(['-', ' ']).to_string())
             .collect::<Vec<_>>()
     };
     let own = report(&[
@@ -851,6 +852,7 @@ struct RemediationFigures {
     all_status_after: Duration,
     /// Metrics and log messages of the batch.
     diagnostics: Vec<String>,
+    concurrency: Option<u16>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -1015,6 +1017,7 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
         k,
         all_status_after,
         diagnostics,
+        concurrency,
     }
 }
 
@@ -1127,8 +1130,10 @@ fn print_remediation(r: &RemediationFigures) {
     println!();
     println!(
         "remediation (etcd leader's Machine marked; {} control planes each on its own 3-member etcd; \
-         all had a status {:.2} s after spawn)",
+         controller concurrency {}; all had a status {:.2} s after spawn)",
         r.k + r.singles.len(),
+        r.concurrency
+            .map_or("10 (default)".to_string(), |c| c.to_string()),
         r.all_status_after.as_secs_f64()
     );
     println!("| mark -> Machine gone | runs | p50 | p99 | min | max |");
