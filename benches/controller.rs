@@ -18,9 +18,10 @@
 //!
 //! Run: `cargo bench --bench controller` (needs etcd on PATH).
 
+mod common;
+
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
@@ -40,8 +41,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
+
+use common::{ControllerProcess, mib};
 
 const ITERATIONS: usize = 5;
 /// etcd refuses member removal until its peers have been connected for 5 s.
@@ -226,140 +228,6 @@ async fn scenario(name: &'static str, target: Target, aged: bool) -> Scenario {
 
 // ---------------------------------------------------------------- memory
 
-/// VmRSS and VmHWM of `pid`, in KiB.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-/// A plain HTTP/1.0 GET on loopback: (status code, body).
-async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
-}
-
-/// `k3s-control-plane run` against `server`, in its own process.
-struct ControllerProcess {
-    child: tokio::process::Child,
-    pid: u32,
-    probes: String,
-    _dir: tempfile::TempDir,
-    log: std::path::PathBuf,
-}
-
-impl ControllerProcess {
-    async fn spawn(server: &TestApiServer) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            serde_yaml::to_string(&server.kubeconfig()).expect("kubeconfig yaml"),
-        )
-        .expect("write kubeconfig");
-        // A free port, so the probes can be found (the binary only logs the one it got).
-        let probes = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .to_string();
-        let log = dir.path().join("controller.log");
-        let out = std::fs::File::create(&log).expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_k3s-control-plane"))
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--probe-address")
-            .arg(&probes)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::from(out.try_clone().expect("log file")))
-            .stderr(Stdio::from(out))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn k3s-control-plane run");
-        let pid = child.id().expect("child pid");
-        let process = ControllerProcess {
-            child,
-            pid,
-            probes,
-            _dir: dir,
-            log,
-        };
-        process.wait_ready().await;
-        process
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Ok((200, _)) = http_get(&self.probes, "/readyz").await {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "controller not ready within {LIMIT:?}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn memory(&self) -> (u64, u64) {
-        memory_kib(self.pid)
-    }
-
-    /// `k3scp_reconciles_total` from /metrics.
-    async fn reconciles(&self) -> u64 {
-        let (_, body) = http_get(&self.probes, "/metrics").await.expect("/metrics");
-        body.lines()
-            .find_map(|l| l.strip_prefix("k3scp_reconciles_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|v| v as u64)
-            .unwrap_or_else(|| panic!("no k3scp_reconciles_total in /metrics:\n{body}"))
-    }
-
-    /// SIGINT (the binary's shutdown signal), then wait for it to exit.
-    async fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
 /// One workload cluster of the fleet: its own test API server with 3 ready
 /// control-plane Nodes, and in the management server a Cluster, a kubeconfig
 /// Secret, an initialized KThreesControlPlane and 3 provisioned Machines.
@@ -487,7 +355,7 @@ struct FleetFigures {
 async fn fleet() -> FleetFigures {
     // Idle: nothing to watch but empty lists.
     let empty = management_server().await.expect("management server");
-    let idle_process = ControllerProcess::spawn(&empty).await;
+    let idle_process = ControllerProcess::spawn(&empty, LIMIT).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = idle_process.memory();
     idle_process.stop().await;
@@ -531,7 +399,7 @@ async fn fleet() -> FleetFigures {
     watching.await.expect("KCP watch started");
 
     let spawned = Instant::now();
-    let process = ControllerProcess::spawn(&management).await;
+    let process = ControllerProcess::spawn(&management, LIMIT).await;
     let all_done = match tokio::time::timeout(Duration::from_secs(120), done).await {
         Ok(done) => done.expect("KCP watch task"),
         Err(_) => panic!(

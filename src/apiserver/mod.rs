@@ -14,6 +14,7 @@ mod load;
 mod meta;
 mod patch;
 mod portforward;
+mod requests;
 mod resource;
 mod routes;
 mod selector;
@@ -229,6 +230,7 @@ impl TestApiServerBuilder {
         let faults = Arc::new(Faults::default());
         let port_forwards = Arc::new(portforward::PortForwards::default());
         let auth = Arc::new(auth::Auth::new(self.tokens, self.enforce_rbac));
+        let requests = Arc::new(requests::RequestCounts::default());
         let app = Arc::new(routes::App {
             watch: watch::WatchContext {
                 store: store.clone(),
@@ -239,6 +241,7 @@ impl TestApiServerBuilder {
             faults: faults.clone(),
             port_forwards: port_forwards.clone(),
             auth: auth.clone(),
+            requests: requests.clone(),
         });
         // The real server's request body limit is 3 MiB (axum's default would be 2 MiB).
         let router = axum::Router::new()
@@ -250,6 +253,10 @@ impl TestApiServerBuilder {
             .layer(axum::middleware::from_fn_with_state(
                 app.clone(),
                 auth::middleware,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                app.clone(),
+                requests::middleware,
             ))
             .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(app);
@@ -273,6 +280,7 @@ impl TestApiServerBuilder {
             faults,
             port_forwards,
             auth,
+            requests,
             shutdown,
             expiry: expiry_tx,
             task: Mutex::new(Some(task)),
@@ -312,6 +320,7 @@ pub struct TestApiServer {
     faults: Arc<Faults>,
     port_forwards: Arc<portforward::PortForwards>,
     auth: Arc<auth::Auth>,
+    requests: Arc<requests::RequestCounts>,
     shutdown: CancellationToken,
     expiry: tokio::sync::watch::Sender<u64>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -427,6 +436,16 @@ impl TestApiServer {
     /// never used.
     pub fn authorization_log(&self) -> Vec<AuthorizationRecord> {
         self.auth.log().0
+    }
+
+    /// Every request served so far (by any client, with or without RBAC), counted
+    /// by (verb, resource) as RBAC names them: `get`, `list`, `watch`, `create`,
+    /// `update`, `patch`, `delete`, `deletecollection`; `resource` is the plural,
+    /// `plural/subresource` for a subresource, or the path of a non-resource
+    /// request (discovery). For benchmarks: the difference of two snapshots is what
+    /// a client did in between.
+    pub fn request_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        self.requests.snapshot()
     }
 
     fn kubeconfig_for(&self, identity: Option<(&str, &str)>) -> Kubeconfig {
@@ -579,6 +598,34 @@ mod tests {
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some(name.into());
         cm
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_by_verb_and_resource() {
+        let server = TestApiServer::builder()
+            .with_core_resources()
+            .start()
+            .await
+            .unwrap();
+        let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+        cms.create(&PostParams::default(), &config_map("counted"))
+            .await
+            .unwrap();
+        cms.get("counted").await.unwrap();
+        cms.get("counted").await.unwrap();
+        cms.list(&Default::default()).await.unwrap();
+        let counts = server.request_counts();
+        let count = |verb: &str, resource: &str| {
+            counts
+                .get(&(verb.to_string(), resource.to_string()))
+                .copied()
+                .unwrap_or(0)
+        };
+        assert_eq!(count("create", "configmaps"), 1);
+        assert_eq!(count("get", "configmaps"), 2);
+        assert_eq!(count("list", "configmaps"), 1);
+        assert_eq!(count("watch", "configmaps"), 0);
+        server.shutdown().await;
     }
 
     #[tokio::test]

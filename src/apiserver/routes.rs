@@ -30,6 +30,8 @@ pub struct App {
     pub port_forwards: Arc<super::portforward::PortForwards>,
     /// Token users, RBAC enforcement and the decision log.
     pub auth: Arc<super::auth::Auth>,
+    /// Requests served, by (verb, resource).
+    pub requests: Arc<super::requests::RequestCounts>,
 }
 
 /// A parsed resource URL.

@@ -600,52 +600,7 @@ impl Sandbox {
     /// remediation): `HealthCheckSucceeded=False` and `OwnerRemediated=False`
     /// (reason `WaitingForRemediation`), in the v1beta2 and v1beta1 lists.
     pub async fn mark_unhealthy(&self, machine: &str) -> Result<(), SandboxError> {
-        let api = self.machines_api();
-        let mut current = api.get(machine).await.map_err(err("get Machine"))?;
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let v2 = |type_: &str, reason: &str, message: &str| Condition {
-            type_: type_.into(),
-            status: "False".into(),
-            reason: reason.into(),
-            message: message.into(),
-            observed_generation: current.metadata.generation,
-            last_transition_time: now.clone(),
-        };
-        let v1 = |type_: &str, reason: &str, message: &str| V1Beta1Condition {
-            type_: type_.into(),
-            status: "False".into(),
-            severity: Some("Warning".into()),
-            last_transition_time: Some(now.clone()),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-        };
-        let health = v2(
-            "HealthCheckSucceeded",
-            "UnhealthyNode",
-            "Condition Ready on Node is reporting status Unknown for more than 5m0s",
-        );
-        let owner = v2(
-            "OwnerRemediated",
-            "WaitingForRemediation",
-            "Waiting for remediation",
-        );
-        let health_v1 = v1(
-            "HealthCheckSucceeded",
-            "UnhealthyNode",
-            "Condition Ready on node is reporting status Unknown for more than 5m0s",
-        );
-        let owner_v1 = v1("OwnerRemediated", "WaitingForRemediation", "");
-        crate::api::conditions::set(current.conditions_mut(), health);
-        crate::api::conditions::set(current.conditions_mut(), owner);
-        crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), health_v1);
-        crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), owner_v1);
-        let status = current.status.clone().unwrap_or_default();
-        let patch =
-            json!({"status": {"conditions": status.conditions, "deprecated": status.deprecated}});
-        api.patch_status(machine, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(err("mark Machine unhealthy"))?;
-        Ok(())
+        mark_machine_unhealthy(&self.machines_api(), machine).await
     }
 
     /// A controller context on the management API server, with short requeues.
@@ -705,4 +660,54 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// Mark a Machine unhealthy exactly as a MachineHealthCheck does, as
+/// [`Sandbox::mark_unhealthy`] does, in any world (`api`: its Machines).
+pub async fn mark_machine_unhealthy(api: &Api<Machine>, machine: &str) -> Result<(), SandboxError> {
+    let mut current = api.get(machine).await.map_err(err("get Machine"))?;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let v2 = |type_: &str, reason: &str, message: &str| Condition {
+        type_: type_.into(),
+        status: "False".into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: current.metadata.generation,
+        last_transition_time: now.clone(),
+    };
+    let v1 = |type_: &str, reason: &str, message: &str| V1Beta1Condition {
+        type_: type_.into(),
+        status: "False".into(),
+        severity: Some("Warning".into()),
+        last_transition_time: Some(now.clone()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+    };
+    let health = v2(
+        "HealthCheckSucceeded",
+        "UnhealthyNode",
+        "Condition Ready on Node is reporting status Unknown for more than 5m0s",
+    );
+    let owner = v2(
+        "OwnerRemediated",
+        "WaitingForRemediation",
+        "Waiting for remediation",
+    );
+    let health_v1 = v1(
+        "HealthCheckSucceeded",
+        "UnhealthyNode",
+        "Condition Ready on node is reporting status Unknown for more than 5m0s",
+    );
+    let owner_v1 = v1("OwnerRemediated", "WaitingForRemediation", "");
+    crate::api::conditions::set(current.conditions_mut(), health);
+    crate::api::conditions::set(current.conditions_mut(), owner);
+    crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), health_v1);
+    crate::api::conditions::set_v1beta1(current.v1beta1_conditions_mut(), owner_v1);
+    let status = current.status.clone().unwrap_or_default();
+    let patch =
+        json!({"status": {"conditions": status.conditions, "deprecated": status.deprecated}});
+    api.patch_status(machine, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(err("mark Machine unhealthy"))?;
+    Ok(())
 }

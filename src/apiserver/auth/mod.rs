@@ -17,7 +17,7 @@
 //! kept in a bounded log ([`AuthorizationRecord`]).
 
 mod rbac;
-mod request;
+pub(super) mod request;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,244 @@
+//! What the controller benches share: the real `k3s-control-plane run` binary
+//! in its own process against a test API server, and what /proc and its
+//! /metrics say about it.
+
+#![allow(dead_code)] // each bench uses its part
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k3s_control_plane::apiserver::TestApiServer;
+use kube::config::Kubeconfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// VmRSS and VmHWM of `pid`, in KiB.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+pub fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// utime + stime of `pid`, in clock ticks (/proc/<pid>/stat fields 14 and 15).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after = &stat[stat.rfind(')').expect("comm in /proc stat") + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state): utime is field 14, stime field 15.
+    let utime: u64 = fields[11].parse().expect("utime");
+    let stime: u64 = fields[12].parse().expect("stime");
+    utime + stime
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
+pub fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// The established TCP connections of `pid` to remote `port`: (local, remote)
+/// address pairs, from /proc/<pid>/net/tcp filtered by the process's socket inodes.
+pub fn established_to_port(pid: u32, port: u16) -> HashSet<(String, String)> {
+    let mut inodes = HashSet::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && let Some(inode) = target
+                    .to_str()
+                    .and_then(|t| t.strip_prefix("socket:["))
+                    .and_then(|t| t.strip_suffix(']'))
+            {
+                inodes.insert(inode.to_string());
+            }
+        }
+    }
+    let port_hex = format!(":{port:04X}");
+    let mut out = HashSet::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() > 9 && f[3] == "01" && f[2].ends_with(&port_hex) && inodes.contains(f[9]) {
+                out.insert((f[1].to_string(), f[2].to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// `k3s-control-plane run` against a management API server, in its own process.
+pub struct ControllerProcess {
+    child: tokio::process::Child,
+    pub pid: u32,
+    pub probes: String,
+    _dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+impl ControllerProcess {
+    /// With the server's own (admin) kubeconfig; ready within `ready_limit`.
+    pub async fn spawn(server: &TestApiServer, ready_limit: Duration) -> Self {
+        Self::spawn_with(&server.kubeconfig(), &[], ready_limit).await
+    }
+
+    /// With `kubeconfig` and extra `args` (after `run --kubeconfig .. --probe-address ..`).
+    pub async fn spawn_with(kubeconfig: &Kubeconfig, args: &[&str], ready_limit: Duration) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            serde_yaml::to_string(kubeconfig).expect("kubeconfig yaml"),
+        )
+        .expect("write kubeconfig");
+        // A free port, so the probes can be found (the binary only logs the one it got).
+        let probes = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .to_string();
+        let log = dir.path().join("controller.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_k3s-control-plane"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&path)
+            .arg("--probe-address")
+            .arg(&probes)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::from(out.try_clone().expect("log file")))
+            .stderr(Stdio::from(out))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn k3s-control-plane run");
+        let pid = child.id().expect("child pid");
+        let process = ControllerProcess {
+            child,
+            pid,
+            probes,
+            _dir: dir,
+            log,
+        };
+        process.wait_ready(ready_limit).await;
+        process
+    }
+
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Every line logged so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Lines of the log that contain `needle`.
+    pub fn log_lines_with(&self, needle: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    async fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok((200, _)) = http_get(&self.probes, "/readyz").await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "controller not ready within {limit:?}:\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn memory(&self) -> (u64, u64) {
+        memory_kib(self.pid)
+    }
+
+    pub fn cpu_ticks(&self) -> u64 {
+        cpu_ticks(self.pid)
+    }
+
+    /// Every sample of /metrics without labels-free parsing: `name{labels}` -> value.
+    pub async fn metrics(&self) -> BTreeMap<String, f64> {
+        let (_, body) = http_get(&self.probes, "/metrics").await.expect("/metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// `k3scp_reconciles_total` from /metrics.
+    pub async fn reconciles(&self) -> u64 {
+        let metrics = self.metrics().await;
+        metrics
+            .get("k3scp_reconciles_total")
+            .map(|v| *v as u64)
+            .unwrap_or_else(|| panic!("no k3scp_reconciles_total in /metrics: {metrics:?}"))
+    }
+
+    /// SIGINT (the binary's shutdown signal), then wait for it to exit.
+    pub async fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

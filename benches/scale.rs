@@ -1,0 +1,1286 @@
+//! Scale (issue 12): the real `k3s-control-plane run` binary, in its own
+//! process with its production defaults (idle requeue 60 s, concurrency 10),
+//! against a management test API server holding N Clusters,
+//! KThreesControlPlanes (3 replicas, initialized) and 3 provisioned Machines
+//! each, with MANAGED etcd:
+//!
+//! - a few real 3-member TLS etcd clusters on loopback (`ETCD_CLUSTERS`),
+//!   each shared by N/3 control planes: every control plane's
+//!   `<cluster>-etcd` Secret holds the CA of the etcd cluster it uses, and its
+//!   3 Nodes carry that cluster's k3s member annotations
+//!   (`etcd.k3s.cattle.io/node-name`, `-node-address`) and member addresses as
+//!   InternalIP, so every control plane holds its own pooled TLS etcd clients;
+//! - one workload test API server per cluster (`<cluster>-kubeconfig`): the
+//!   controller lists every control-plane Node of a workload API, so clusters
+//!   sharing one would see each other's Nodes (members without Machines).
+//!
+//! Per N: VmRSS/VmHWM, CPU over a 60 s idle window (after every control plane
+//! has a status and the first idle requeue round passed), the etcd
+//! connections the process holds and the new ones during the window, the API
+//! requests in the window (management and workload servers, by verb and
+//! resource, from the test API server's request counter) per reconcile, and
+//! the time until every control plane has a status. An empty management
+//! server gives the idle-process baseline.
+//!
+//! Then remediation: K control planes, each on its OWN 3-member etcd (started
+//! by helper processes of this binary, 3 clusters each: the harness runs at
+//! most 3 per process), CAPI's Machine deletion simulated; the etcd leader's
+//! Machine of S of them is marked alone, one after another (single), then
+//! that of K others at the same moment; mark -> Machine gone, p50/p99.
+//!
+//! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
+//! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
+//! [--no-remediation] [--remediation-concurrency C]`
+//! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
+//! its window with `perf record`).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k3s_control_plane::api::names::{
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
+    K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, KCP_FINALIZER,
+    NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_ETCD_LABEL, SPEC_HASH_ANNOTATION,
+};
+use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
+use k3s_control_plane::apiserver::TestApiServer;
+use k3s_control_plane::controller::status::ETCD_CLUSTER_HEALTHY;
+use k3s_control_plane::harness::EtcdTestCluster;
+use k3s_control_plane::harness::capi_sim::MachineDeletionSim;
+use k3s_control_plane::harness::sandbox::{
+    NAMESPACE, VERSION, cluster_object, docker_machine_template, kcp_object, management_server,
+    mark_infrastructure_provisioned, mark_initialized, mark_machine_unhealthy,
+};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+
+use common::{ControllerProcess, clock_ticks_per_second, established_to_port, mib};
+
+/// Shared etcd clusters behind the fleet (the harness runs at most 3 per process).
+const ETCD_CLUSTERS: usize = 3;
+const ETCD_CLIENT_PORT: u16 = 2379;
+/// The binary's default idle requeue; the window starts this long (plus a
+/// margin) after every control plane has a status.
+const IDLE_REQUEUE: Duration = Duration::from_secs(60);
+const ROUND_MARGIN: Duration = Duration::from_secs(8);
+const READY_LIMIT: Duration = Duration::from_secs(300);
+
+// ---------------------------------------------------------------- the world
+
+/// What one control plane's etcd is: CA and members (node index j runs member j).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct EtcdInfo {
+    ca_pem: String,
+    ca_key_pem: String,
+    /// (member name, ip), in member order.
+    members: Vec<(String, String)>,
+    /// Index of the leader when reported.
+    leader: usize,
+}
+
+async fn etcd_info(etcd: &EtcdTestCluster) -> EtcdInfo {
+    let snapshot = etcd.connect().snapshot().await.expect("etcd snapshot");
+    let leader = snapshot
+        .leader
+        .and_then(|id| etcd.index_of(id))
+        .expect("a leader");
+    EtcdInfo {
+        ca_pem: etcd.ca_pem().to_string(),
+        ca_key_pem: etcd.ca_key_pem().to_string(),
+        members: etcd
+            .members()
+            .iter()
+            .map(|m| (m.name.clone(), m.ip.to_string()))
+            .collect(),
+        leader,
+    }
+}
+
+/// The Secrets a brought-up control plane has besides kubeconfig and etcd
+/// (`-ca`, `-cca`, `-token`): one set of contents reused by every cluster.
+struct CommonSecrets {
+    ca: (String, String),
+    cca: (String, String),
+    token: String,
+}
+
+impl CommonSecrets {
+    fn new() -> Self {
+        let ca = k3s_control_plane::pki::generate_ca(
+            "k3s-server-ca",
+            k3s_control_plane::pki::CA_LIFETIME,
+        )
+        .expect("CA");
+        let cca = k3s_control_plane::pki::generate_ca(
+            "k3s-client-ca",
+            k3s_control_plane::pki::CA_LIFETIME,
+        )
+        .expect("client CA");
+        CommonSecrets {
+            ca: (ca.cert_pem, ca.key_pem),
+            cca: (cca.cert_pem, cca.key_pem),
+            token: k3s_control_plane::pki::generate_token(),
+        }
+    }
+}
+
+fn cluster_name(i: usize) -> String {
+    format!("c{i:04}")
+}
+
+fn machine_name(cluster: &str, j: usize) -> String {
+    format!("{cluster}-cp-{j}")
+}
+
+/// One managed control plane as `Sandbox::populate` builds it: the cluster
+/// Secrets, an infrastructure-provisioned Cluster, the machine template, an
+/// initialized KThreesControlPlane with our finalizer, 3 Machines made from its
+/// current spec (spec-hash annotation) and provisioned (nodeRef, InternalIP),
+/// and in its workload API 3 ready control-plane Nodes annotated with the
+/// members of `etcd`. Not `managed`: an external datastore
+/// (`serverConfig.datastoreEndpoint`) and no `<cluster>-etcd` Secret, so the
+/// controller has no etcd to connect to (`EtcdNotManaged`).
+async fn add_cluster(
+    management: &kube::Client,
+    common: &CommonSecrets,
+    i: usize,
+    etcd: &EtcdInfo,
+    managed: bool,
+) -> TestApiServer {
+    let cluster = cluster_name(i);
+    let kcp_name = format!("{cluster}-control-plane");
+    let workload = TestApiServer::builder()
+        .with_core_resources()
+        .start()
+        .await
+        .expect("workload API server");
+
+    let nodes: Api<Node> = Api::all(workload.client());
+    for (j, (member, ip)) in etcd.members.iter().enumerate() {
+        let node = machine_name(&cluster, j);
+        let object: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": node,
+                "labels": {NODE_ROLE_CONTROL_PLANE_LABEL: "true", NODE_ROLE_ETCD_LABEL: "true"},
+                "annotations": {K3S_ETCD_NODE_NAME_ANNOTATION: member, K3S_ETCD_NODE_ADDRESS_ANNOTATION: ip},
+            },
+        }))
+        .expect("Node");
+        nodes
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create Node");
+        let status = json!({"status": {
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": node}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        }});
+        nodes
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("Node status");
+    }
+
+    let secrets: Api<Secret> = Api::namespaced(management.clone(), NAMESPACE);
+    let kubeconfig = serde_yaml::to_string(&workload.kubeconfig()).expect("kubeconfig");
+    let pair = |(cert, key): &(String, String)| json!({"tls.crt": cert, "tls.key": key});
+    for (suffix, data) in [
+        ("kubeconfig", json!({"value": kubeconfig})),
+        (
+            "etcd",
+            pair(&(etcd.ca_pem.clone(), etcd.ca_key_pem.clone())),
+        ),
+        ("ca", pair(&common.ca)),
+        ("cca", pair(&common.cca)),
+        ("token", json!({"value": common.token})),
+    ] {
+        if suffix == "etcd" && !managed {
+            continue;
+        }
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("{cluster}-{suffix}"), "labels": {CLUSTER_NAME_LABEL: cluster}},
+            "type": "cluster.x-k8s.io/secret",
+            "stringData": data
+        }))
+        .expect("Secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create Secret");
+    }
+
+    let clusters: Api<Cluster> = Api::namespaced(management.clone(), NAMESPACE);
+    let created_cluster = clusters
+        .create(&PostParams::default(), &cluster_object(&cluster, &kcp_name))
+        .await
+        .expect("create Cluster");
+    mark_infrastructure_provisioned(&clusters, &cluster)
+        .await
+        .expect("Cluster provisioned");
+
+    let templates: Api<DynamicObject> =
+        Api::namespaced_with(management.clone(), NAMESPACE, &docker_machine_template());
+    let mut template =
+        DynamicObject::new(&format!("{kcp_name}-template"), &docker_machine_template())
+            .within(NAMESPACE);
+    template.data = json!({"spec": {"template": {"spec": {"extraMounts": []}}}});
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create DockerMachineTemplate");
+
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(management.clone(), NAMESPACE);
+    let mut object = kcp_object(&kcp_name, &created_cluster, 3);
+    object.metadata.finalizers = Some(vec![KCP_FINALIZER.to_string()]);
+    if !managed {
+        // An external datastore: no etcd of ours to connect to.
+        object
+            .spec
+            .kthrees_config_spec
+            .server_config
+            .datastore_endpoint = Some("https://datastore.invalid:2379".into());
+    }
+    let kcp = kcps
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create KThreesControlPlane");
+    mark_initialized(&kcps, &kcp_name)
+        .await
+        .expect("initialize KThreesControlPlane");
+
+    let owner = kcp.controller_owner_ref(&()).expect("KCP uid");
+    let hash = k3s_control_plane::rollout::spec_hash(&kcp);
+    let machines: Api<Machine> = Api::namespaced(management.clone(), NAMESPACE);
+    for (j, (_, ip)) in etcd.members.iter().enumerate() {
+        let name = machine_name(&cluster, j);
+        let object: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {
+                "name": name, "namespace": NAMESPACE,
+                "labels": {CLUSTER_NAME_LABEL: cluster, CONTROL_PLANE_LABEL: "", CONTROL_PLANE_NAME_LABEL: kcp_name},
+                "annotations": {SPEC_HASH_ANNOTATION: hash},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "clusterName": cluster,
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name},
+                "version": VERSION
+            }
+        }))
+        .expect("Machine");
+        machines
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create Machine");
+        let status = json!({"status": {
+            "nodeRef": {"name": name},
+            "addresses": [{"type": "InternalIP", "address": ip}],
+            "phase": "Running"
+        }});
+        machines
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("provision Machine");
+    }
+    workload
+}
+
+/// Has a status from a reconcile that read its 3 Machines, their Nodes and
+/// etcd (healthy; not managed: `EtcdNotManaged`).
+fn reconciled(kcp: &KThreesControlPlane, managed: bool) -> bool {
+    kcp.status.as_ref().is_some_and(|s| {
+        s.ready_replicas == 3
+            && k3s_control_plane::api::conditions::get(&s.conditions, ETCD_CLUSTER_HEALTHY)
+                .is_some_and(|c| {
+                    if managed {
+                        c.status == "True"
+                    } else {
+                        c.reason == "EtcdNotManaged"
+                    }
+                })
+    })
+}
+
+/// Resolves when `expected` KThreesControlPlanes are [`reconciled`]; the watch
+/// is running when this returns.
+async fn all_reconciled(
+    client: kube::Client,
+    expected: usize,
+    managed: bool,
+) -> tokio::task::JoinHandle<Instant> {
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(client, NAMESPACE);
+    let (watch_ready, watching) = tokio::sync::oneshot::channel();
+    let done = tokio::spawn(async move {
+        let mut events = watcher::watcher(kcps, watcher::Config::default()).boxed();
+        let mut ready = Some(watch_ready);
+        let mut seen = HashSet::new();
+        while let Some(event) = events.try_next().await.expect("KCP watch") {
+            match event {
+                Event::InitDone => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Event::Apply(kcp) | Event::InitApply(kcp) if reconciled(&kcp, managed) => {
+                    seen.insert(kcp.name_any());
+                }
+                _ => {}
+            }
+            if seen.len() == expected && ready.is_none() {
+                return Instant::now();
+            }
+        }
+        panic!("the KThreesControlPlane watch ended");
+    });
+    watching.await.expect("KCP watch started");
+    done
+}
+
+/// Wait (polling, up to `limit`) until no other cargo, rustc or test binary
+/// runs, so CPU figures are not polluted. Returns whether it is quiet.
+async fn wait_quiet(limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let me = std::process::id().to_string();
+    loop {
+        let out = std::process::Command::new("pgrep")
+            .args(["-fa", "cargo|rustc|deps/"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        let others: Vec<&str> = out
+            .lines()
+            .filter(|l| {
+                let mut fields = l.split_whitespace();
+                let (pid, exe) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+                let build_or_test = exe == "cargo"
+                    || exe.ends_with("/cargo")
+                    || exe.ends_with("rustc")
+                    || exe.contains("/deps/");
+                build_or_test
+                    && pid != me
+                    && !exe.contains("deps/scale-")
+                    && !l.contains("--bench scale")
+            })
+            .collect();
+        if others.is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "note: other builds/tests still running, measuring anyway:\n  {}",
+                others
+                    .iter()
+                    .map(|l| l.chars().take(120).collect::<String>())
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
+            );
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+// ---------------------------------------------------------------- idle window
+
+type Counts = BTreeMap<(String, String), u64>;
+
+fn sum_counts<'a>(all: impl IntoIterator<Item = &'a TestApiServer>) -> Counts {
+    let mut out = Counts::new();
+    for server in all {
+        for (k, v) in server.request_counts() {
+            *out.entry(k).or_default() += v;
+        }
+    }
+    out
+}
+
+fn diff(after: &Counts, before: &Counts) -> Counts {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+/// Reads (get, list), watches and writes; the Lease requests of leader
+/// election apart (a fixed cost, not per control plane).
+#[derive(Default, Clone, Copy)]
+struct Split {
+    reads: u64,
+    watches: u64,
+    writes: u64,
+    leases: u64,
+}
+
+fn split(counts: &Counts) -> Split {
+    let mut s = Split::default();
+    for ((verb, resource), n) in counts {
+        if resource == "leases" {
+            s.leases += n;
+            continue;
+        }
+        match verb.as_str() {
+            "get" | "list" => s.reads += n,
+            "watch" => s.watches += n,
+            _ => s.writes += n,
+        }
+    }
+    s
+}
+
+struct Window {
+    seconds: f64,
+    cpu_ticks: u64,
+    reconciles: u64,
+    management: Counts,
+    workload: Counts,
+    etcd_at_start: usize,
+    etcd_at_end: usize,
+    /// Connections to etcd seen during the window (1 s samples) that were not
+    /// there at its start.
+    etcd_new: usize,
+    /// etcd operations by name (k3scp_etcd_operation_duration_seconds_count).
+    etcd_operations: BTreeMap<String, f64>,
+    memory_end: (u64, u64),
+}
+
+fn etcd_operation_counts(metrics: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    metrics
+        .iter()
+        .filter_map(|(k, v)| {
+            let rest = k.strip_prefix("k3scp_etcd_operation_duration_seconds_count{")?;
+            Some((rest.trim_end_matches('}').to_string(), *v))
+        })
+        .collect()
+}
+
+async fn idle_window(
+    process: &ControllerProcess,
+    management: &TestApiServer,
+    workloads: &[TestApiServer],
+    length: Duration,
+) -> Window {
+    let conns0 = established_to_port(process.pid, ETCD_CLIENT_PORT);
+    let metrics0 = process.metrics().await;
+    let (m0, w0) = (management.request_counts(), sum_counts(workloads));
+    let ticks0 = process.cpu_ticks();
+    let started = Instant::now();
+    let mut seen: HashSet<(String, String)> = conns0.clone();
+    let mut new = 0;
+    while started.elapsed() < length {
+        tokio::time::sleep(Duration::from_secs(1).min(length - started.elapsed().min(length)))
+            .await;
+        for c in established_to_port(process.pid, ETCD_CLIENT_PORT) {
+            if seen.insert(c) {
+                new += 1;
+            }
+        }
+    }
+    let ticks1 = process.cpu_ticks();
+    let seconds = started.elapsed().as_secs_f64();
+    let (m1, w1) = (management.request_counts(), sum_counts(workloads));
+    let metrics1 = process.metrics().await;
+    let conns1 = established_to_port(process.pid, ETCD_CLIENT_PORT);
+    let reconciles =
+        |m: &BTreeMap<String, f64>| m.get("k3scp_reconciles_total").copied().unwrap_or(0.0) as u64;
+    let ops0 = etcd_operation_counts(&metrics0);
+    let etcd_operations = etcd_operation_counts(&metrics1)
+        .into_iter()
+        .map(|(k, v)| {
+            let before = ops0.get(&k).copied().unwrap_or(0.0);
+            (k, v - before)
+        })
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    Window {
+        seconds,
+        cpu_ticks: ticks1 - ticks0,
+        reconciles: reconciles(&metrics1) - reconciles(&metrics0),
+        management: diff(&m1, &m0),
+        workload: diff(&w1, &w0),
+        etcd_at_start: conns0.len(),
+        etcd_at_end: conns1.len(),
+        etcd_new: new,
+        etcd_operations,
+        memory_end: process.memory(),
+    }
+}
+
+struct FleetRun {
+    n: usize,
+    /// etcd managed (a `<cluster>-etcd` Secret each).
+    managed: bool,
+    populate: Duration,
+    all_status_after: Duration,
+    /// CPU ticks the process used from its start until every control plane had a status.
+    cpu_to_status: u64,
+    reconciles_to_status: u64,
+    memory_at_status: (u64, u64),
+    window: Window,
+    quiet: bool,
+    /// JSON bytes of the watched objects at the end.
+    cached_json: usize,
+}
+
+fn mcpu(window: &Window, ticks_per_second: u64) -> f64 {
+    window.cpu_ticks as f64 / ticks_per_second as f64 / window.seconds * 1000.0
+}
+
+async fn idle_empty(length: Duration) -> FleetRun {
+    let server = management_server().await.expect("management server");
+    let spawned = Instant::now();
+    let process = ControllerProcess::spawn(&server, READY_LIMIT).await;
+    let ready = spawned.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let memory_at_status = process.memory();
+    let quiet = wait_quiet(Duration::from_secs(180)).await;
+    let window = idle_window(&process, &server, &[], length).await;
+    process.stop().await;
+    FleetRun {
+        n: 0,
+        managed: false,
+        populate: Duration::ZERO,
+        all_status_after: ready,
+        cpu_to_status: 0,
+        reconciles_to_status: 0,
+        memory_at_status,
+        window,
+        quiet,
+        cached_json: 0,
+    }
+}
+
+/// `perf record --call-graph dwarf` of the idle process for `seconds` (after
+/// the window, so it does not count in it). Printed and saved to
+/// `target/scale-perf-<n>.txt`: self time by symbol, and the inclusive
+/// (children) share of the controller's own functions.
+fn perf_profile(pid: u32, n: usize, seconds: u64) {
+    let data = format!("/tmp/scale-perf-{n}.data");
+    let recorded = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-F",
+            "499",
+            "--call-graph",
+            "dwarf,16384",
+            "-o",
+            &data,
+        ])
+        .args(["-p", &pid.to_string(), "--", "sleep", &seconds.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if !recorded.is_ok_and(|s| s.success()) {
+        eprintln!("N={n}: perf record failed (is perf installed and permitted?)");
+        return;
+    }
+    let report = |args: &[&str]| {
+        std::process::Command::new("perf")
+            .args(["report", "-i", &data, "--stdio", "-g", "none"])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            // perf pads lines and ends them with empty columns ("-  -").
+            .map(|l| l.trim_end().trim_end_matches(['-', ' ']).to_string())
+            .collect::<Vec<_>>()
+    };
+    let own = report(&[
+        "--no-children",
+        "--sort",
+        "dso,symbol",
+        "--percent-limit",
+        "0.5",
+    ]);
+    let inclusive: Vec<String> =
+        report(&["--children", "--sort", "symbol", "--percent-limit", "1"])
+            .into_iter()
+            .filter(|l| l.contains("k3s_control_plane::") || l.contains("kube_runtime::"))
+            .collect();
+    let text = format!(
+        "self time (dso, symbol):\n{}\n\ninclusive, the controller's functions:\n{}\n",
+        own.join("\n"),
+        inclusive.join("\n")
+    );
+    let path = format!("{}/target/scale-perf-{n}.txt", env!("CARGO_MANIFEST_DIR"));
+    let _ = std::fs::write(&path, &text);
+    println!("N={n}: perf profile of the idle process over {seconds} s ({path}):");
+    for line in own.iter().take(25) {
+        println!("  {line}");
+    }
+    println!("  inclusive (children), the controller's functions:");
+    for line in inclusive.iter().take(40) {
+        println!("  {}", line.chars().take(220).collect::<String>());
+    }
+}
+
+async fn fleet(
+    n: usize,
+    etcd: &[EtcdInfo],
+    common: &CommonSecrets,
+    length: Duration,
+    profile: Option<u64>,
+    managed: bool,
+) -> FleetRun {
+    let management = management_server().await.expect("management server");
+    let client = management.client();
+    let started = Instant::now();
+    let mut workloads: Vec<(usize, TestApiServer)> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                (
+                    i,
+                    add_cluster(&client, common, i, &etcd[i % etcd.len()], managed).await,
+                )
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    workloads.sort_by_key(|(i, _)| *i);
+    let workloads: Vec<TestApiServer> = workloads.into_iter().map(|(_, w)| w).collect();
+    let populate = started.elapsed();
+    eprintln!("N={n}: populated in {:.1} s", populate.as_secs_f64());
+
+    let done = all_reconciled(client.clone(), n, managed).await;
+    let spawned = Instant::now();
+    let process = ControllerProcess::spawn(&management, READY_LIMIT).await;
+    let limit = Duration::from_secs(120 + n as u64);
+    let all_done = match tokio::time::timeout(limit, done).await {
+        Ok(done) => done.expect("KCP watch task"),
+        Err(_) => panic!(
+            "N={n}: not every KThreesControlPlane has a status within {limit:?}:\n{}",
+            process.log_tail()
+        ),
+    };
+    let all_status_after = all_done - spawned;
+    let cpu_to_status = process.cpu_ticks();
+    let memory_at_status = process.memory();
+    let reconciles_to_status = process.reconciles().await;
+    eprintln!(
+        "N={n}: all have a status {:.2} s after spawn ({reconciles_to_status} reconciles); \
+         waiting for the first idle requeue round",
+        all_status_after.as_secs_f64()
+    );
+    tokio::time::sleep_until(all_done + IDLE_REQUEUE + ROUND_MARGIN).await;
+    let quiet = wait_quiet(Duration::from_secs(180)).await;
+    eprintln!("N={n}: idle window of {} s", length.as_secs());
+    let window = idle_window(&process, &management, &workloads, length).await;
+    if let Some(seconds) = profile {
+        perf_profile(process.pid, n, seconds);
+    }
+    let errors = process.log_lines_with("ERROR") + process.log_lines_with("WARN");
+    if errors > 0 {
+        eprintln!(
+            "N={n}: {errors} WARN/ERROR log lines; last lines:\n{}",
+            process.log_tail()
+        );
+    }
+    process.stop().await;
+    let cached_json = watched_json_bytes(&client).await;
+    drop(workloads);
+    FleetRun {
+        n,
+        managed,
+        populate,
+        all_status_after,
+        cpu_to_status,
+        reconciles_to_status,
+        memory_at_status,
+        window,
+        quiet,
+        cached_json,
+    }
+}
+
+/// JSON size of what the controller's watches hold (every KThreesControlPlane,
+/// Cluster and Machine, as the server returns them): a floor for the caches'
+/// share of the RSS.
+async fn watched_json_bytes(client: &kube::Client) -> usize {
+    async fn size<K>(api: Api<K>) -> usize
+    where
+        K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    {
+        api.list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    size(Api::<KThreesControlPlane>::namespaced(
+        client.clone(),
+        NAMESPACE,
+    ))
+    .await
+        + size(Api::<Cluster>::namespaced(client.clone(), NAMESPACE)).await
+        + size(Api::<Machine>::namespaced(client.clone(), NAMESPACE)).await
+}
+
+// ---------------------------------------------------------------- remediation
+
+/// Helper-process mode: start `count` (≤ 3) etcd clusters, print each one's
+/// [`EtcdInfo`] as a JSON line, then `ready`, and keep them until stdin closes.
+fn etcd_helper(count: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let clusters: Vec<EtcdTestCluster> =
+            futures::future::join_all((0..count).map(|_| EtcdTestCluster::start(3)))
+                .await
+                .into_iter()
+                .map(|c| c.expect("etcd cluster"))
+                .collect();
+        let mut out = std::io::stdout().lock();
+        for c in &clusters {
+            let info = etcd_info(c).await;
+            writeln!(out, "{}", serde_json::to_string(&info).expect("json")).expect("stdout");
+        }
+        writeln!(out, "ready").expect("stdout");
+        out.flush().expect("stdout");
+        drop(out);
+        // Until the parent closes stdin (or dies).
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            while std::io::stdin().lock().read_line(&mut line).unwrap_or(0) > 0 {}
+        })
+        .await;
+        drop(clusters);
+    });
+}
+
+/// Dedicated etcd clusters from helper processes; killed when dropped.
+struct EtcdHelpers {
+    children: Vec<std::process::Child>,
+    infos: Vec<EtcdInfo>,
+}
+
+fn start_helpers(clusters: usize) -> EtcdHelpers {
+    let exe = std::env::current_exe().expect("own path");
+    let mut infos = Vec::new();
+    let mut children = Vec::new();
+    let helpers = clusters.div_ceil(3);
+    // A few at a time: 2 cores, etcd's elections must not time out.
+    for batch in (0..helpers).collect::<Vec<_>>().chunks(3) {
+        let mut started = Vec::new();
+        for &h in batch {
+            let count = (clusters - h * 3).min(3);
+            let child = std::process::Command::new(&exe)
+                .args(["--etcd-helper", &count.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn etcd helper");
+            started.push(child);
+        }
+        for mut child in started {
+            let stdout = child.stdout.take().expect("helper stdout");
+            for line in std::io::BufReader::new(stdout).lines() {
+                let line = line.expect("helper output");
+                if line == "ready" {
+                    break;
+                }
+                infos.push(serde_json::from_str(&line).expect("helper EtcdInfo"));
+            }
+            children.push(child);
+        }
+        eprintln!("remediation: {} etcd clusters up", infos.len());
+    }
+    assert_eq!(infos.len(), clusters, "every helper reported its clusters");
+    EtcdHelpers { children, infos }
+}
+
+impl Drop for EtcdHelpers {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            drop(child.stdin.take());
+        }
+        for child in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What the controller did between two /metrics samples: errors by stage,
+/// remediation outcomes, etcd operations (count, total seconds), reconciles
+/// (count, total seconds).
+fn metric_diff(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("k3scp_reconcile_errors_total")
+                || k.starts_with("k3scp_remediations_total")
+                || k.starts_with("k3scp_reconciles_total")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_count")
+                || k.starts_with("k3scp_etcd_operation_duration_seconds_sum")
+                || k.starts_with("k3scp_reconcile_duration_seconds_count")
+                || k.starts_with("k3scp_reconcile_duration_seconds_sum")
+        })
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+struct RemediationFigures {
+    singles: Vec<Duration>,
+    batch: Vec<Duration>,
+    k: usize,
+    all_status_after: Duration,
+    /// Metrics and log messages of the batch.
+    diagnostics: Vec<String>,
+    concurrency: Option<u16>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    // Nearest rank.
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> RemediationFigures {
+    let total = k + singles;
+    let helpers = start_helpers(total);
+    let common = CommonSecrets::new();
+    let management = management_server().await.expect("management server");
+    let client = management.client();
+    let _capi = MachineDeletionSim::start(client.clone());
+    let workloads: Vec<TestApiServer> = futures::stream::iter(0..total)
+        .map(|i| {
+            let (client, info, common) = (client.clone(), &helpers.infos[i], &common);
+            async move { add_cluster(&client, common, i, info, true).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NAMESPACE);
+    let gone: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (watch_ready, watching) = tokio::sync::oneshot::channel();
+    let record = gone.clone();
+    let watch = tokio::spawn(async move {
+        let mut events = watcher::watcher(machines, watcher::Config::default()).boxed();
+        let mut ready = Some(watch_ready);
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            match event {
+                Ok(Event::InitDone) => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Ok(Event::Delete(m)) => {
+                    record
+                        .lock()
+                        .expect("lock")
+                        .entry(m.name_any())
+                        .or_insert(now);
+                }
+                _ => {}
+            }
+        }
+    });
+    watching.await.expect("Machine watch started");
+
+    let done = all_reconciled(client.clone(), total, true).await;
+    let spawned = Instant::now();
+    let flag = concurrency.map(|c| format!("--concurrency={c}"));
+    let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+    let process = ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await;
+    let all_done = tokio::time::timeout(Duration::from_secs(180), done)
+        .await
+        .unwrap_or_else(|_| panic!("remediation world not reconciled:\n{}", process.log_tail()))
+        .expect("KCP watch task");
+    let all_status_after = all_done - spawned;
+    // Past etcd's 5 s reconfiguration guard and the status write's second reconcile.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NAMESPACE);
+    let target = |i: usize| machine_name(&cluster_name(i), helpers.infos[i].leader);
+    let wait_gone = |names: Vec<String>, marked: Instant| {
+        let gone = gone.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            loop {
+                {
+                    let gone = gone.lock().expect("lock");
+                    if names.iter().all(|n| gone.contains_key(n)) {
+                        return names.iter().map(|n| gone[n] - marked).collect::<Vec<_>>();
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "remediations not done within 300 s"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+
+    let quiet = wait_quiet(Duration::from_secs(180)).await;
+    let _ = quiet;
+    let mut single_times = Vec::new();
+    let mut single_metrics: BTreeMap<String, f64> = BTreeMap::new();
+    for i in 0..singles {
+        let name = target(i);
+        let before = process.metrics().await;
+        let marked = Instant::now();
+        mark_machine_unhealthy(&machines, &name)
+            .await
+            .expect("mark");
+        single_times.extend(wait_gone(vec![name], marked).await);
+        for (k, v) in metric_diff(&before, &process.metrics().await) {
+            *single_metrics.entry(k).or_default() += v;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let mut diagnostics: Vec<String> = single_metrics
+        .iter()
+        .map(|(k, v)| format!("singles, summed from mark to gone: {k} +{v:.3}"))
+        .collect();
+    let names: Vec<String> = (singles..total).map(target).collect();
+    let metrics0 = process.metrics().await;
+    let ticks0 = process.cpu_ticks();
+    let log0 = process.log_lines().len();
+    let marked = Instant::now();
+    futures::future::join_all(names.iter().map(|n| mark_machine_unhealthy(&machines, n)))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("mark");
+    let batch = wait_gone(names, marked).await;
+    let busy = marked.elapsed();
+    let cpu = (process.cpu_ticks() - ticks0) as f64 / clock_ticks_per_second() as f64;
+    let metrics1 = process.metrics().await;
+    diagnostics.extend(
+        metric_diff(&metrics0, &metrics1)
+            .into_iter()
+            .map(|(k, d)| format!("batch: {k} +{d:.3}")),
+    );
+    diagnostics.push(format!(
+        "controller CPU {cpu:.2} s over the {:.2} s until the last Machine was gone",
+        busy.as_secs_f64()
+    ));
+    // WARN/ERROR lines logged meanwhile, by message.
+    let mut messages: BTreeMap<String, usize> = BTreeMap::new();
+    for line in &process.log_lines()[log0..] {
+        if line.contains("WARN") || line.contains("ERROR") {
+            let message = line
+                .split_once("WARN")
+                .or_else(|| line.split_once("ERROR"))
+                .map(|(_, m)| m)
+                .unwrap_or(line);
+            // Drop names and numbers so that like messages group.
+            let key: String = message
+                .split_whitespace()
+                .filter(|w| !w.chars().any(|c| c.is_ascii_digit()))
+                .collect::<Vec<_>>()
+                .join(" ")
+                .chars()
+                .take(200)
+                .collect();
+            *messages.entry(key).or_default() += 1;
+        }
+    }
+    for (m, n) in messages {
+        diagnostics.push(format!("log x{n}: {m}"));
+    }
+    process.stop().await;
+    watch.abort();
+    drop(workloads);
+    drop(helpers);
+    RemediationFigures {
+        singles: single_times,
+        batch,
+        k,
+        all_status_after,
+        diagnostics,
+        concurrency,
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+fn top(counts: &Counts, limit: usize) -> String {
+    let mut v: Vec<_> = counts.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1));
+    v.iter()
+        .take(limit)
+        .map(|((verb, res), n)| format!("{verb} {res} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn label(r: &FleetRun) -> String {
+    if r.managed || r.n == 0 {
+        r.n.to_string()
+    } else {
+        format!("{} (etcd not managed)", r.n)
+    }
+}
+
+fn print_fleet(runs: &[FleetRun], ticks: u64) {
+    let empty = runs.iter().find(|r| r.n == 0);
+    println!();
+    println!(
+        "controller process (`k3s-control-plane run`, {} build, defaults: idle requeue 60 s, \
+         concurrency 10), managed etcd on {ETCD_CLUSTERS} shared 3-member TLS etcd clusters",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    println!(
+        "| N | VmRSS at status | VmRSS / VmHWM end of window | MiB per CP beyond idle | idle mCPU | mCPU per CP beyond idle | \
+         etcd conns | new etcd conns in window | reconciles in window | mgmt reads/watches/writes per reconcile | \
+         workload reads per reconcile | leases | all have status after | populate |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let w = &r.window;
+        let cpu = mcpu(w, ticks);
+        let (per_mib, per_mcpu) = match (empty, r.n) {
+            (Some(e), n) if n > 0 => (
+                format!(
+                    "{:.3}",
+                    (mib(w.memory_end.0) - mib(e.window.memory_end.0)) / n as f64
+                ),
+                format!("{:.3}", (cpu - mcpu(&e.window, ticks)) / n as f64),
+            ),
+            _ => ("-".into(), "-".into()),
+        };
+        let (m, wl) = (split(&w.management), split(&w.workload));
+        let per = |x: u64| {
+            if w.reconciles == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", x as f64 / w.reconciles as f64)
+            }
+        };
+        println!(
+            "| {} | {:.1} MiB | {:.1} / {:.1} MiB | {per_mib} | {cpu:.1} | {per_mcpu} | {} -> {} | {} | {} | {} / {} / {} | {} | {} | {:.2} s{} | {:.1} s |",
+            label(r),
+            mib(r.memory_at_status.0),
+            mib(w.memory_end.0),
+            mib(w.memory_end.1),
+            w.etcd_at_start,
+            w.etcd_at_end,
+            w.etcd_new,
+            w.reconciles,
+            per(m.reads),
+            per(m.watches),
+            per(m.writes),
+            per(wl.reads + wl.watches + wl.writes),
+            m.leases,
+            r.all_status_after.as_secs_f64(),
+            if r.n == 0 { " (ready)" } else { "" },
+            r.populate.as_secs_f64(),
+        );
+    }
+    for r in runs {
+        let w = &r.window;
+        println!(
+            "N={}: window {:.1} s{}; {} reconciles and {:.1} s of controller CPU until all had a status; watched objects {:.1} KiB JSON per CP; management requests: [{}]; workload: [{}]; etcd operations: {:?}",
+            label(r),
+            w.seconds,
+            if r.quiet {
+                ""
+            } else {
+                " (NOT quiet: other builds ran)"
+            },
+            r.reconciles_to_status,
+            r.cpu_to_status as f64 / ticks as f64,
+            r.cached_json as f64 / 1024.0 / r.n.max(1) as f64,
+            top(&w.management, 12),
+            top(&w.workload, 6),
+            w.etcd_operations
+        );
+    }
+}
+
+fn print_remediation(r: &RemediationFigures) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut singles = r.singles.clone();
+    singles.sort();
+    let mut batch = r.batch.clone();
+    batch.sort();
+    println!();
+    println!(
+        "remediation (etcd leader's Machine marked; {} control planes each on its own 3-member etcd; \
+         controller concurrency {}; all had a status {:.2} s after spawn)",
+        r.k + r.singles.len(),
+        r.concurrency
+            .map_or("10 (default)".to_string(), |c| c.to_string()),
+        r.all_status_after.as_secs_f64()
+    );
+    println!("| mark -> Machine gone | runs | p50 | p99 | min | max |");
+    println!("|---|---|---|---|---|---|");
+    for (what, v) in [("single, one at a time", &singles), ("all at once", &batch)] {
+        if v.is_empty() {
+            continue;
+        }
+        println!(
+            "| {what} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |",
+            v.len(),
+            ms(percentile(v, 0.5)),
+            ms(percentile(v, 0.99)),
+            ms(v[0]),
+            ms(v[v.len() - 1])
+        );
+    }
+    if !singles.is_empty() && !batch.is_empty() {
+        println!(
+            "p99 all at once / p99 single = {:.2} (budget <= 2)",
+            ms(percentile(&batch, 0.99)) / ms(percentile(&singles, 0.99))
+        );
+    }
+    println!("during the batch:");
+    for d in &r.diagnostics {
+        println!("  {d}");
+    }
+}
+
+struct Options {
+    fleets: Vec<usize>,
+    /// Fleets run again without a `<cluster>-etcd` Secret (the etcd clients' share).
+    unmanaged: Vec<usize>,
+    remediations: usize,
+    singles: usize,
+    window: Duration,
+    fleet: bool,
+    remediation: bool,
+    /// `run --concurrency` of the remediation controller (default: the binary's, 10).
+    concurrency: Option<u16>,
+    /// Seconds of `perf record` after the largest N's window.
+    perf: Option<u64>,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        fleets: Vec::new(),
+        unmanaged: Vec::new(),
+        remediations: 50,
+        singles: 5,
+        window: Duration::from_secs(60),
+        fleet: true,
+        remediation: true,
+        perf: None,
+        concurrency: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |what: &str| -> u64 {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{what} takes a number"))
+        };
+        match arg.as_str() {
+            "--bench" => {}
+            "--remediations" => o.remediations = value("--remediations") as usize,
+            "--singles" => o.singles = value("--singles") as usize,
+            "--window" => o.window = Duration::from_secs(value("--window")),
+            "--no-fleet" => o.fleet = false,
+            "--unmanaged" => o.unmanaged.push(value("--unmanaged") as usize),
+            "--perf" => o.perf = Some(value("--perf")),
+            "--remediation-concurrency" => {
+                o.concurrency = Some(value("--remediation-concurrency") as u16)
+            }
+            "--no-remediation" => o.remediation = false,
+            n => o.fleets.push(
+                n.parse()
+                    .unwrap_or_else(|_| panic!("unknown argument {n:?}")),
+            ),
+        }
+    }
+    if o.fleets.is_empty() && o.unmanaged.is_empty() {
+        o.fleets = vec![100, 300, 1000];
+    }
+    o
+}
+
+fn main() {
+    k3s_control_plane::install_crypto_provider();
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list" || a == "--test") {
+        return; // `cargo test --benches` / tooling probes: nothing to list.
+    }
+    if let Some(at) = args.iter().position(|a| a == "--etcd-helper") {
+        let count = args
+            .get(at + 1)
+            .and_then(|c| c.parse().ok())
+            .expect("--etcd-helper COUNT");
+        etcd_helper(count);
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error,kube_client::client::builder=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let o = options();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let started = Instant::now();
+        let ticks = clock_ticks_per_second();
+        if o.fleet {
+            let mut runs = vec![idle_empty(o.window).await];
+            print_fleet(&runs, ticks);
+            let etcd: Vec<EtcdTestCluster> =
+                futures::future::join_all((0..ETCD_CLUSTERS).map(|_| EtcdTestCluster::start(3)))
+                    .await
+                    .into_iter()
+                    .map(|c| c.expect("etcd cluster"))
+                    .collect();
+            let mut infos = Vec::new();
+            for c in &etcd {
+                infos.push(etcd_info(c).await);
+            }
+            let common = CommonSecrets::new();
+            for &n in &o.fleets {
+                let profile = (Some(&n) == o.fleets.iter().max())
+                    .then_some(o.perf)
+                    .flatten();
+                runs.push(fleet(n, &infos, &common, o.window, profile, true).await);
+                print_fleet(&runs, ticks);
+            }
+            for &n in &o.unmanaged {
+                runs.push(fleet(n, &infos, &common, o.window, None, false).await);
+                print_fleet(&runs, ticks);
+            }
+            drop(etcd);
+        }
+        if o.remediation {
+            let figures = remediation(o.remediations, o.singles, o.concurrency).await;
+            print_remediation(&figures);
+        }
+        println!("(whole bench {:.0} s)", started.elapsed().as_secs_f64());
+    });
+}
