@@ -174,11 +174,11 @@ pub async fn act(
         Step::ReleaseHook { machine } => {
             // cluster-api-k3s's hook goes with ours, in the same write: the
             // steps reach this only once the member is gone.
-            let mut annotations = serde_json::Map::new();
-            annotations.insert(PRE_TERMINATE_HOOK_ANNOTATION.into(), json!(null));
-            if upstream_hook_on(world, machine) {
-                annotations.insert(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION.into(), json!(null));
-            }
+            let annotations = super::view::hooks_to_release(
+                world
+                    .machine(machine)
+                    .and_then(|m| m.metadata.annotations.as_ref()),
+            );
             let patch = json!({"metadata": {
                 "resourceVersion": observed_version(world, machine),
                 "annotations": annotations,
@@ -273,8 +273,7 @@ fn upstream_hook_on(world: &World, machine: &str) -> bool {
     world
         .machine(machine)
         .and_then(|m| m.metadata.annotations.as_ref())
-        .and_then(|a| a.get(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION))
-        .is_some_and(|v| v == UPSTREAM_PRE_TERMINATE_HOOK_VALUE)
+        .is_some_and(super::view::has_upstream_hook)
 }
 
 /// The Event (reason, note) saying that a step took over or released

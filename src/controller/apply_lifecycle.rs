@@ -6,13 +6,10 @@
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::info;
 
-use crate::api::names::{
-    KCP_FINALIZER, KUBECONFIG_SECRET_SUFFIX, PRE_TERMINATE_HOOK_ANNOTATION, TOKEN_SECRET_SUFFIX,
-    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
-};
+use crate::api::names::{KCP_FINALIZER, KUBECONFIG_SECRET_SUFFIX, TOKEN_SECRET_SUFFIX};
 use crate::api::{KThreesControlPlane, Machine};
 use crate::lifecycle::{DeletionStep, Lifecycle, SecretWrite};
 
@@ -20,7 +17,7 @@ use super::act::{publish, publish_about};
 use super::cluster_secrets::SecretWriter;
 use super::context::Context;
 use super::error::{Error, Result};
-use super::view::has_upstream_hook;
+use super::view::hooks_to_release;
 use super::world::World;
 
 fn act_err(step: &str) -> impl Fn(kube::Error) -> Error + '_ {
@@ -136,18 +133,8 @@ async fn apply_deletion(
                 let Some(machine) = world.machine(name) else {
                     continue;
                 };
-                // Ours, and cluster-api-k3s's on a Machine it left (only
-                // with its own value: the bare key with another is not ours).
-                let mut hooks = serde_json::Map::new();
-                hooks.insert(PRE_TERMINATE_HOOK_ANNOTATION.into(), Value::Null);
-                if machine
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(has_upstream_hook)
-                {
-                    hooks.insert(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION.into(), Value::Null);
-                }
+                // Ours, and cluster-api-k3s's on a Machine it left.
+                let hooks = hooks_to_release(machine.metadata.annotations.as_ref());
                 let patch = json!({"metadata": {
                     "resourceVersion": machine.resource_version(),
                     "annotations": hooks,

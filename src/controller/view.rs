@@ -319,6 +319,27 @@ pub fn has_upstream_hook(annotations: &BTreeMap<String, String>) -> bool {
         .is_some_and(|v| v == UPSTREAM_PRE_TERMINATE_HOOK_VALUE)
 }
 
+/// The annotations a merge patch sets to null to release our hold on a
+/// Machine: our hook, and cluster-api-k3s's when it is on the Machine with its
+/// own value (the bare key under another value is someone else's). Every
+/// release, by the removal steps or by a teardown, writes exactly this.
+pub fn hooks_to_release(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut release = serde_json::Map::new();
+    release.insert(
+        PRE_TERMINATE_HOOK_ANNOTATION.into(),
+        serde_json::Value::Null,
+    );
+    if annotations.is_some_and(has_upstream_hook) {
+        release.insert(
+            UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION.into(),
+            serde_json::Value::Null,
+        );
+    }
+    release
+}
+
 /// The pre-terminate hooks of other owners: every key CAPI counts as a hook
 /// (prefix match without a trailing `/`, as CAPI's Machine controller does),
 /// but ours and cluster-api-k3s's (which is ours to release after a takeover).
@@ -428,6 +449,30 @@ mod tests {
             "{:?}",
             view.etcd
         );
+    }
+
+    #[test]
+    fn a_release_clears_ours_and_upstreams_hook_but_not_someone_elses_bare_key() {
+        let keys = |pairs: &[(&str, &str)]| -> Vec<String> {
+            hooks_to_release(Some(&annotations(pairs)))
+                .keys()
+                .cloned()
+                .collect()
+        };
+        assert_eq!(keys(&[]), [PRE_TERMINATE_HOOK_ANNOTATION]);
+        let mut both = keys(&[(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, "k3s")]);
+        both.sort();
+        let mut expected = vec![
+            PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+            UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+        ];
+        expected.sort();
+        assert_eq!(both, expected);
+        assert_eq!(
+            keys(&[(UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, "someone-else")]),
+            [PRE_TERMINATE_HOOK_ANNOTATION]
+        );
+        assert!(hooks_to_release(None).values().all(|v| v.is_null()));
     }
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
