@@ -112,7 +112,7 @@ async fn real_k3s_embedded_etcd_is_read_and_mapped_to_its_node() {
         .await
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
-    let nodes = list_control_plane_nodes(&client, "k3s-container")
+    let nodes = list_control_plane_nodes(&client, "k3s-container", &[])
         .await
         .unwrap();
     assert_eq!(nodes.len(), 1);

@@ -500,7 +500,7 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
     }
     install_crypto();
     let client = kube::Client::try_default().await.unwrap();
-    let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&client, "real")
+    let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&client, "real", &[])
         .await
         .unwrap();
     for n in &nodes {
@@ -511,4 +511,73 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
             n.etcd_client_url()
         );
     }
+}
+
+/// One LIST (label `control-plane`) when it finds every expected Node; the
+/// legacy `master` label is listed only when one is missing, and then a Node
+/// that has only that label is found.
+#[tokio::test]
+async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() {
+    use k3s_control_plane::apiserver::TestApiServer;
+    use k3s_control_plane::workload::nodes::list_control_plane_nodes;
+    use kube::api::{Api, PostParams};
+    install_crypto();
+    let server = TestApiServer::builder()
+        .with_core_resources()
+        .start()
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(server.client());
+    for n in [
+        node(
+            "cp-0",
+            &[
+                ("node-role.kubernetes.io/control-plane", "true"),
+                ("node-role.kubernetes.io/master", "true"),
+            ],
+            &[],
+            &[("InternalIP", "10.0.0.10")],
+        ),
+        node(
+            "legacy-1",
+            &[("node-role.kubernetes.io/master", "true")],
+            &[],
+            &[("InternalIP", "10.0.0.11")],
+        ),
+        node("worker-2", &[], &[], &[("InternalIP", "10.0.0.12")]),
+    ] {
+        nodes.create(&PostParams::default(), &n).await.unwrap();
+    }
+    let node_lists = || {
+        server
+            .request_counts()
+            .get(&("list".to_string(), "nodes".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let names = |found: Vec<ControlPlaneNode>| -> Vec<String> {
+        found.into_iter().map(|n| n.name).collect()
+    };
+
+    let before = node_lists();
+    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0"])
+        .await
+        .unwrap();
+    assert_eq!(names(found), ["cp-0"]);
+    assert_eq!(
+        node_lists() - before,
+        1,
+        "every expected Node found: one LIST"
+    );
+
+    let before = node_lists();
+    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0", "legacy-1"])
+        .await
+        .unwrap();
+    assert_eq!(names(found), ["cp-0", "legacy-1"]);
+    assert_eq!(
+        node_lists() - before,
+        2,
+        "a missing Node: the master label too"
+    );
 }

@@ -65,6 +65,13 @@ pub struct RunArgs {
     /// by one worker at a time).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// How long the cluster Secrets one reconcile read serve the next ones
+    /// (`0`: every reconcile reads them). Secrets are not watched (that would
+    /// need list/watch on Secrets); a reconcile about to act reads them again
+    /// whatever this says, so this only bounds how late a changed or deleted
+    /// Secret shows in the status of a control plane that is otherwise idle.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub secret_refresh: Duration,
     /// Log level of the controller's own messages: error, warn, info, debug
     /// or trace. Client libraries stay at warn; RUST_LOG, when set, overrides both.
     #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
@@ -229,6 +236,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         watch_filter: args.watch_filter.clone().filter(|v| !v.is_empty()),
         namespace: args.namespace.clone().filter(|v| !v.is_empty()),
         concurrency: args.concurrency,
+        secret_refresh: args.secret_refresh,
         ..Settings::default()
     };
     match election {

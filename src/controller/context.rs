@@ -9,6 +9,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
+use super::caches::{SecretCache, WatchCaches};
 use super::etcd_pool::EtcdPool;
 use super::leader::LeaderGuard;
 use super::metrics::Metrics;
@@ -39,6 +40,10 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// `run --concurrency`: control planes reconciled at once.
     pub concurrency: u16,
+    /// `run --secret-refresh`: how long the cluster Secrets read by one
+    /// reconcile serve the next ones (zero: every reconcile reads them). A
+    /// reconcile about to act reads them again whatever this says.
+    pub secret_refresh: Duration,
 }
 
 impl Default for Settings {
@@ -54,6 +59,7 @@ impl Default for Settings {
             watch_filter: None,
             namespace: None,
             concurrency: 10,
+            secret_refresh: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -78,6 +84,11 @@ pub struct Context {
     /// Our last write to each control plane, so a reconcile reads it again
     /// only when the watch cache has not caught up with that write.
     pub kcp_writes: KcpWrites,
+    /// The reflector stores reconciles read from while [`super::run`] feeds
+    /// them (a reconcile called directly reads the API).
+    caches: std::sync::RwLock<Option<WatchCaches>>,
+    /// The cluster Secrets as last read, for `settings.secret_refresh`.
+    pub secrets: SecretCache,
     /// Whether this process may act now (leader election); always leading
     /// when election is disabled. A reconcile that starts without it returns
     /// without writing.
@@ -101,6 +112,7 @@ impl Context {
             controller: "k3s-control-plane".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let secrets = SecretCache::new(settings.secret_refresh);
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             workloads: WorkloadCache::default(),
@@ -112,6 +124,8 @@ impl Context {
             template_owners: Mutex::new(Default::default()),
             members_seen: Mutex::new(HashMap::new()),
             kcp_writes: KcpWrites::default(),
+            caches: std::sync::RwLock::new(None),
+            secrets,
             leader,
         })
     }
@@ -149,6 +163,19 @@ impl Context {
         current
     }
 
+    /// The watch caches, while a controller loop feeds them.
+    pub fn caches(&self) -> Option<WatchCaches> {
+        self.caches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Read from `caches` from now on (`None`: from the API again).
+    pub fn install_caches(&self, caches: Option<WatchCaches>) {
+        *self.caches.write().unwrap_or_else(|p| p.into_inner()) = caches;
+    }
+
     /// Forget everything held for the workload cluster `namespace/cluster`
     /// (its control plane is gone): pooled etcd connections, the workload
     /// client, first-seen member times and its metric series. A deleted
@@ -160,6 +187,7 @@ impl Context {
         });
         self.workloads
             .invalidate(&crate::workload::ClusterKey::new(namespace, cluster));
+        self.secrets.invalidate(namespace, cluster);
         let key = format!("{namespace}/{cluster}");
         self.members_seen
             .lock()

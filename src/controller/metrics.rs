@@ -49,6 +49,9 @@ pub struct ClusterLabels {
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
+    /// Decisions to act taken on cached objects that a fresh read found
+    /// behind, and so taken again on the fresh ones.
+    pub stale_cache_decisions: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
@@ -71,6 +74,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Metrics {
             reconciles: Counter::default(),
+            stale_cache_decisions: Counter::default(),
             errors: Family::default(),
             remediations: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
@@ -88,6 +92,11 @@ impl Metrics {
             "reconciles",
             "Reconciles of KThreesControlPlanes",
             metrics.reconciles.clone(),
+        );
+        sub.register(
+            "stale_cache_decisions",
+            "Decisions to act taken on cached Clusters, Machines or Secrets that a fresh read found behind, so taken again on what was read",
+            metrics.stale_cache_decisions.clone(),
         );
         sub.register(
             "reconcile_errors",

@@ -4,6 +4,7 @@
 
 pub mod act;
 pub mod apply_lifecycle;
+pub mod caches;
 pub mod cluster_secrets;
 pub mod context;
 pub mod contract_conditions;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::{Cluster, KThreesControlPlane, Machine};
@@ -57,14 +58,40 @@ pub async fn run(
         };
     // The control planes (and Clusters) are filtered; Machines are not, but a
     // Machine only triggers its owner, which is reconciled only if it is in
-    // the (filtered) store.
+    // the (filtered) store. Each watch feeds a reflector store the reconcile
+    // reads from (see `caches`) and triggers reconciles; objects are trimmed.
     let filtered = watch_config(ctx.settings.watch_filter.as_deref());
-    Controller::new(kcps, filtered.clone())
+    let (kcp_store, kcp_writer) = reflector::store();
+    let kcp_stream = watcher(kcps, filtered.clone())
+        .default_backoff()
+        .modify(caches::trim)
+        .reflect(kcp_writer)
+        .applied_objects();
+    let (machine_store, machine_writer) = reflector::store();
+    let machine_stream = watcher(machines, watcher::Config::default())
+        .default_backoff()
+        .modify(caches::trim)
+        .reflect(machine_writer)
+        .touched_objects();
+    let (cluster_store, cluster_writer) = reflector::store();
+    let cluster_stream = watcher(clusters, filtered)
+        .default_backoff()
+        .modify(caches::trim)
+        .reflect(cluster_writer)
+        .touched_objects();
+    ctx.install_caches(Some(caches::WatchCaches {
+        machines: machine_store,
+        clusters: cluster_store,
+    }));
+    // Stopped or dropped: nothing feeds the stores any more, so later reads
+    // (a reconcile called directly, the next run) go to the API.
+    let _uninstall = CachesInstalled(ctx.clone());
+    Controller::for_stream(kcp_stream, kcp_store)
         .with_config(
             kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency),
         )
-        .owns(machines, watcher::Config::default())
-        .watches(clusters, filtered, |cluster: Cluster| {
+        .owns_stream(machine_stream)
+        .watches_stream(cluster_stream, |cluster: Cluster| {
             // A Cluster change (e.g. its control plane became initialized)
             // reconciles the control plane it references.
             cluster
@@ -82,6 +109,15 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Removes the watch caches from the context when the loop that feeds them ends.
+struct CachesInstalled(Arc<Context>);
+
+impl Drop for CachesInstalled {
+    fn drop(&mut self) {
+        self.0.install_caches(None);
+    }
 }
 
 /// The watcher configuration for `--watch-filter` (none: everything).

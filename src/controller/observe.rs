@@ -19,6 +19,7 @@ use crate::workload::nodes::list_control_plane_nodes;
 use crate::workload::secrets::etcd_access_from_secret;
 use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess};
 
+use super::caches::{ManagementFingerprint, Source};
 use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
@@ -52,6 +53,18 @@ pub async fn cluster_machines(
     kcp: &KThreesControlPlane,
     cluster: &str,
 ) -> Result<ClusterMachines> {
+    Ok(ClusterMachines::split(
+        kcp,
+        list_cluster_machines(client, kcp, cluster).await?,
+    ))
+}
+
+/// Every Machine of the Cluster (label `cluster.x-k8s.io/cluster-name`).
+async fn list_cluster_machines(
+    client: &kube::Client,
+    kcp: &KThreesControlPlane,
+    cluster: &str,
+) -> Result<Vec<Machine>> {
     let namespace = kcp.namespace().unwrap_or_default();
     let api: Api<Machine> = Api::namespaced(client.clone(), &namespace);
     let selector = format!("{CLUSTER_NAME_LABEL}={cluster}");
@@ -62,25 +75,32 @@ pub async fn cluster_machines(
             context: format!("list Machines in {namespace} ({selector})"),
             source,
         })?;
-    let uid = kcp.uid();
-    let mut split = ClusterMachines::default();
-    for machine in list.items {
-        if !machine.labels().contains_key(CONTROL_PLANE_LABEL) {
-            split.workers.push(machine.name_any());
-        } else if machine
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
-        {
-            split.owned.push(machine);
-        } else {
-            split.foreign.push(machine.name_any());
+    Ok(list.items)
+}
+
+impl ClusterMachines {
+    /// Split the Cluster's Machines by who manages them.
+    pub fn split(kcp: &KThreesControlPlane, machines: Vec<Machine>) -> Self {
+        let uid = kcp.uid();
+        let mut split = ClusterMachines::default();
+        for machine in machines {
+            if !machine.labels().contains_key(CONTROL_PLANE_LABEL) {
+                split.workers.push(machine.name_any());
+            } else if machine
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+            {
+                split.owned.push(machine);
+            } else {
+                split.foreign.push(machine.name_any());
+            }
         }
+        split.owned.sort_by_key(|m| m.name_any());
+        split.foreign.sort();
+        split.workers.sort();
+        split
     }
-    split.owned.sort_by_key(|m| m.name_any());
-    split.foreign.sort();
-    split.workers.sort();
-    Ok(split)
 }
 
 /// The control-plane Machines `kcp` owns (controller owner reference by uid).
@@ -174,19 +194,31 @@ pub async fn observe(
     ctx: &Context,
     kcp: KThreesControlPlane,
 ) -> Result<(World, Option<Arc<EtcdCluster>>)> {
-    let (mut world, secrets) = observe_management(ctx, kcp).await?;
-    let etcd = observe_workload(ctx, &mut world, &secrets).await?;
+    let (mut world, read) = observe_management(ctx, kcp, Source::Api).await?;
+    let etcd = observe_workload(ctx, &mut world, &read.secrets).await?;
     Ok((world, etcd))
 }
 
 const NOT_READ: &str = "not read: the lifecycle did not get this far";
 
+/// How the management objects of one observation were read.
+pub struct ManagementRead {
+    pub secrets: ClusterSecretObjects,
+    /// Which version of each object the observation holds.
+    pub fingerprint: ManagementFingerprint,
+    /// Some of them came from a cache: read them again before acting.
+    pub from_caches: bool,
+}
+
 /// Read the management cluster's side only (Cluster, Machines, Secrets): what
 /// the lifecycle decides on. The workload cluster and etcd are left "not read".
+/// With [`Source::Caches`] the watch caches and the Secret cache serve what
+/// they hold; see [`super::caches`] for why that is safe.
 pub async fn observe_management(
     ctx: &Context,
     kcp: KThreesControlPlane,
-) -> Result<(World, ClusterSecretObjects)> {
+    source: Source,
+) -> Result<(World, ManagementRead)> {
     let namespace = kcp.namespace().unwrap_or_default();
     let now = chrono::Utc::now();
     let unread = || {
@@ -219,19 +251,64 @@ pub async fn observe_management(
             orphan_grace: ctx.settings.orphan_grace,
             now,
         };
-        return Ok((world, ClusterSecretObjects::default()));
+        let read = ManagementRead {
+            secrets: ClusterSecretObjects::default(),
+            fingerprint: ManagementFingerprint::default(),
+            from_caches: false,
+        };
+        return Ok((world, read));
     };
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let cluster = clusters
-        .get_opt(&cluster_name)
-        .await
-        .map_err(|source| Error::Observe {
-            context: format!("get Cluster {namespace}/{cluster_name}"),
-            source,
-        })?;
-    let machines = cluster_machines(&ctx.client, &kcp, &cluster_name).await?;
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let objects = ClusterSecretObjects::read(&secrets_api, &namespace, &cluster_name).await?;
+    let caches = match source {
+        Source::Caches => ctx.caches().filter(|c| c.ready()),
+        Source::Api => None,
+    };
+    let mut from_caches = false;
+    // An object absent from a cache is read: absence is never taken on trust.
+    let cluster = match caches
+        .as_ref()
+        .and_then(|c| c.cluster(&namespace, &cluster_name))
+    {
+        Some(cluster) => {
+            from_caches = true;
+            Some(cluster)
+        }
+        None => {
+            let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
+            clusters
+                .get_opt(&cluster_name)
+                .await
+                .map_err(|source| Error::Observe {
+                    context: format!("get Cluster {namespace}/{cluster_name}"),
+                    source,
+                })?
+        }
+    };
+    let all_machines = match &caches {
+        Some(caches) => {
+            from_caches = true;
+            caches.machines(&namespace, &cluster_name)
+        }
+        None => list_cluster_machines(&ctx.client, &kcp, &cluster_name).await?,
+    };
+    let cached_secrets = match source {
+        Source::Caches => ctx.secrets.get(&namespace, &cluster_name),
+        Source::Api => None,
+    };
+    let objects = match cached_secrets {
+        Some(objects) => {
+            from_caches = true;
+            objects
+        }
+        None => {
+            let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+            let objects =
+                ClusterSecretObjects::read(&secrets_api, &namespace, &cluster_name).await?;
+            ctx.secrets.put(&namespace, &cluster_name, &objects);
+            objects
+        }
+    };
+    let fingerprint = ManagementFingerprint::of(cluster.as_ref(), &all_machines, &objects);
+    let machines = ClusterMachines::split(&kcp, all_machines);
     let endpoint = cluster
         .as_ref()
         .and_then(Cluster::control_plane_endpoint)
@@ -261,13 +338,38 @@ pub async fn observe_management(
             orphan_grace: ctx.settings.orphan_grace,
             now,
         },
-        objects,
+        ManagementRead {
+            secrets: objects,
+            fingerprint,
+            from_caches,
+        },
     ))
 }
 
 /// Read the workload cluster (its control-plane Nodes, through the
-/// kubeconfig Secret) and the real etcd membership into `world`.
+/// kubeconfig Secret) and the real etcd membership into `world`. When either
+/// could not be read, the cached Secrets are dropped: credentials that stopped
+/// working are read again at the next reconcile, not after the refresh period.
 pub async fn observe_workload(
+    ctx: &Context,
+    world: &mut World,
+    objects: &ClusterSecretObjects,
+) -> Result<Option<Arc<EtcdCluster>>> {
+    let result = read_workload(ctx, world, objects).await;
+    let working = result.is_ok()
+        && matches!(world.workload, WorkloadState::Nodes(_))
+        && matches!(
+            world.etcd,
+            EtcdObservation::Observed(_) | EtcdObservation::NotManaged
+        );
+    if !working && let Some(cluster) = &world.cluster_name {
+        ctx.secrets
+            .invalidate(&world.kcp.namespace().unwrap_or_default(), cluster);
+    }
+    result
+}
+
+async fn read_workload(
     ctx: &Context,
     world: &mut World,
     objects: &ClusterSecretObjects,
@@ -285,7 +387,12 @@ pub async fn observe_workload(
     world.workload = match ctx.workloads.get(&key, &secrets).await {
         Ok(access) => {
             workload_client = Some(access.client.clone());
-            match list_control_plane_nodes(&access.client, &key.to_string()).await {
+            let expected: Vec<&str> = world
+                .machines
+                .iter()
+                .filter_map(Machine::node_name)
+                .collect();
+            match list_control_plane_nodes(&access.client, &key.to_string(), &expected).await {
                 Ok(nodes) => WorkloadState::Nodes(nodes),
                 Err(err) => WorkloadState::Unavailable {
                     reason: err.to_string(),

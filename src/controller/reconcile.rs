@@ -13,10 +13,11 @@ use crate::api::{KThreesControlPlane, Machine};
 
 use super::act::{act, publish};
 use super::apply_lifecycle::apply as apply_lifecycle;
+use super::caches::Source;
 use super::context::Context;
 use super::create::ensure_template_owner;
 use super::error::{Error, Result};
-use super::observe::{observe_management, observe_workload};
+use super::observe::{ManagementRead, observe_management, observe_workload};
 use super::plan::{Action, Refusal, plan};
 use super::status::{
     kcp_status, machine_conditions, write_kcp_status, write_kcp_status_after,
@@ -74,21 +75,73 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         }
         return Ok(Requeue::await_change());
     };
-    let kcp = &current;
-    let (mut world, secrets) = observe_management(ctx, kcp.clone()).await?;
+    let mut observed = observe_management(ctx, current.clone(), Source::Caches).await?;
+    loop {
+        match decide_and_act(ctx, &kcps, &current, observed).await? {
+            Pass::Done(requeue) => return Ok(requeue),
+            // What the caches held was behind: decide again on what was read.
+            Pass::Stale(fresh) => observed = fresh,
+        }
+    }
+}
+
+/// How one pass of decide-and-act ended.
+enum Pass {
+    Done(Requeue),
+    /// About to act on cached objects, a fresh read found them changed.
+    Stale((World, ManagementRead)),
+}
+
+/// Fresh before acting: when `read` came (partly) from caches, read the
+/// management objects again; `Some` with the fresh observation when any
+/// version differs, `None` when the cached one is as current (or was fresh).
+async fn fresh_if_changed(
+    ctx: &Context,
+    kcp: &KThreesControlPlane,
+    read: &ManagementRead,
+    rule: &str,
+) -> Result<Option<(World, ManagementRead)>> {
+    if !read.from_caches {
+        return Ok(None);
+    }
+    let fresh = observe_management(ctx, kcp.clone(), Source::Api).await?;
+    if fresh.1.fingerprint == read.fingerprint {
+        return Ok(None);
+    }
+    info!(
+        rule,
+        "the cached Cluster, Machines or Secrets were behind the API server: deciding again on a fresh read before acting"
+    );
+    ctx.metrics.stale_cache_decisions.inc();
+    Ok(Some(fresh))
+}
+
+async fn decide_and_act(
+    ctx: &Context,
+    kcps: &Api<KThreesControlPlane>,
+    kcp: &KThreesControlPlane,
+    (mut world, read): (World, ManagementRead),
+) -> Result<Pass> {
     if let Some(cluster) = &world.cluster_name {
         tracing::Span::current().record("cluster", cluster.as_str());
     }
-    let kcps_api = &kcps;
     // Without a Cluster nothing can be set up; a deleted one still goes.
     if world.cluster_name.is_some() || kcp.metadata.deletion_timestamp.is_some() {
         let lifecycle = decide_lifecycle(&lifecycle_view(&world));
         if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
-            return settle_lifecycle(ctx, kcps_api, &world, &lifecycle).await;
+            if lifecycle_acts(&lifecycle)
+                && let Some(fresh) =
+                    fresh_if_changed(ctx, kcp, &read, lifecycle.rule().as_str()).await?
+            {
+                return Ok(Pass::Stale(fresh));
+            }
+            return settle_lifecycle(ctx, kcps, &world, &lifecycle)
+                .await
+                .map(Pass::Done);
         }
         ensure_template_owner(ctx, &world).await?;
     }
-    let etcd = match observe_workload(ctx, &mut world, &secrets).await {
+    let etcd = match observe_workload(ctx, &mut world, &read.secrets).await {
         Ok(etcd) => etcd,
         Err(err) => {
             // Nothing current is known of its etcd.
@@ -100,10 +153,31 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         }
     };
     record_etcd_quorum(ctx, &world);
+    let planned = plan(&world);
+    if let Ok(plan) = &planned
+        && action_acts(&plan.action)
+        && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, plan.rule.as_str()).await?
+    {
+        return Ok(Pass::Stale(fresh));
+    }
+    act_on_plan(ctx, kcps, kcp, world, etcd, planned)
+        .await
+        .map(Pass::Done)
+}
+
+/// Write conditions, then carry out the plan's one action, then status.
+async fn act_on_plan(
+    ctx: &Context,
+    kcps: &Api<KThreesControlPlane>,
+    kcp: &KThreesControlPlane,
+    mut world: World,
+    etcd: Option<std::sync::Arc<crate::etcd::EtcdCluster>>,
+    planned: std::result::Result<super::plan::Plan, Refusal>,
+) -> Result<Requeue> {
+    let namespace = kcp.namespace().unwrap_or_default();
     let lifecycle = Lifecycle::Proceed {
         secrets: plan_secrets(&world.secrets),
     };
-    let planned = plan(&world);
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
 
     let plan = match planned {
@@ -111,7 +185,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             // Refuse, say why on the object, and act on nothing.
             let status = kcp_status(&world, &lifecycle, Some(Err(&refusal)), None);
             let changed = kcp.status.as_ref() != Some(&status);
-            write_kcp_status(&kcps, &ctx.kcp_writes, kcp, &status).await?;
+            write_kcp_status(kcps, &ctx.kcp_writes, kcp, &status).await?;
             if changed {
                 let reason = match refusal {
                     Refusal::Invalid(_) => "InvalidSpec",
@@ -173,11 +247,8 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         outcome.last_remediation,
     );
     let status_changed = kcp.status.as_ref() != Some(&status);
-    let acted = matches!(
-        plan.action,
-        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
-    );
-    write_kcp_status_after(&kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
+    let acted = action_acts(&plan.action);
+    write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
 
     match &plan.action {
         Action::Wait => {
@@ -219,7 +290,13 @@ async fn settle_lifecycle(
     record_etcd_quorum(ctx, world);
     let rule = lifecycle.rule();
     tracing::Span::current().record("rule", rule.as_str());
-    if let Err(err) = apply_lifecycle(ctx, world, lifecycle).await {
+    let applied = apply_lifecycle(ctx, world, lifecycle).await;
+    if let (Lifecycle::Secrets { .. }, Some(cluster)) = (lifecycle, &world.cluster_name) {
+        // What we wrote (or failed to) is read again next time.
+        ctx.secrets
+            .invalidate(&kcp.namespace().unwrap_or_default(), cluster);
+    }
+    if let Err(err) = applied {
         publish(
             ctx,
             kcp,
@@ -246,10 +323,7 @@ async fn settle_lifecycle(
     }
     let status = kcp_status(world, lifecycle, None, None);
     let changed = kcp.status.as_ref() != Some(&status);
-    let acted = matches!(
-        lifecycle,
-        Lifecycle::AddFinalizer | Lifecycle::Secrets { .. } | Lifecycle::Delete { .. }
-    );
+    let acted = lifecycle_acts(lifecycle);
     write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
     if changed {
         info!(rule = %rule, "{}", lifecycle.message());
@@ -265,6 +339,23 @@ async fn settle_lifecycle(
         } => Requeue::requeue(soon),
         _ => Requeue::requeue(ctx.settings.wait_requeue),
     })
+}
+
+/// Whether carrying out `action` writes more than status and conditions.
+fn action_acts(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
+    )
+}
+
+/// Whether settling `lifecycle` writes more than status (a finalizer, a
+/// Secret, a teardown step).
+fn lifecycle_acts(lifecycle: &Lifecycle) -> bool {
+    matches!(
+        lifecycle,
+        Lifecycle::AddFinalizer | Lifecycle::Secrets { .. } | Lifecycle::Delete { .. }
+    )
 }
 
 /// The quorum gauges of this world's cluster: the numbers `status.etcd`

@@ -121,24 +121,36 @@ pub fn control_plane_nodes(nodes: &[Node]) -> Vec<ControlPlaneNode> {
     out
 }
 
-/// List the workload cluster's control-plane Nodes (label `control-plane` or
-/// the legacy `master`), deduplicated and sorted by name.
-#[tracing::instrument(skip(client))]
+/// List the workload cluster's control-plane Nodes, sorted by name: those
+/// labelled `node-role.kubernetes.io/control-plane` (k3s labels every server so
+/// since v1.20, next to the legacy `master`), and, only when one of the Nodes
+/// in `expected` (the control-plane Machines' nodeRefs) is not among them, those
+/// labelled `master` too. A steady cluster costs one LIST.
+#[tracing::instrument(skip(client, expected))]
 pub async fn list_control_plane_nodes(
     client: &Client,
     cluster: &str,
+    expected: &[&str],
 ) -> Result<Vec<ControlPlaneNode>, Error> {
     let api: Api<Node> = Api::all(client.clone());
-    let mut nodes: Vec<Node> = Vec::new();
-    for label in [NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_MASTER_LABEL] {
-        let list = api
-            .list(&ListParams::default().labels(label))
-            .await
-            .map_err(|source| Error::ListNodes {
-                cluster: cluster.to_owned(),
-                source,
-            })?;
-        for node in list.items {
+    let list = |label: &'static str| {
+        let api = api.clone();
+        async move {
+            api.list(&ListParams::default().labels(label))
+                .await
+                .map(|l| l.items)
+                .map_err(|source| Error::ListNodes {
+                    cluster: cluster.to_owned(),
+                    source,
+                })
+        }
+    };
+    let mut nodes: Vec<Node> = list(NODE_ROLE_CONTROL_PLANE_LABEL).await?;
+    let missing = expected
+        .iter()
+        .any(|name| !nodes.iter().any(|n| n.name_any() == *name));
+    if missing {
+        for node in list(NODE_ROLE_MASTER_LABEL).await? {
             if !nodes.iter().any(|n| n.name_any() == node.name_any()) {
                 nodes.push(node);
             }

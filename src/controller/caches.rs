@@ -1,0 +1,302 @@
+//! What a reconcile may read without asking the API server, and the rule that
+//! keeps that safe.
+//!
+//! - **Watch caches**: the reflector stores of the Machines and Clusters the
+//!   controller watches anyway (the same streams trigger reconciles), trimmed of
+//!   `managedFields` as CAPI's cache transform does.
+//! - **Secret cache**: the five cluster Secrets, kept for `--secret-refresh`.
+//!   Secrets are not watched: that would need list/watch on every Secret in
+//!   scope, more than the `get` we are granted.
+//!
+//! The rule, **fresh before acting**: a reconcile may decide on cached objects,
+//! and an idle one (nothing to do) reads nothing from the management API. One
+//! that is about to write on their strength (a Secret, a Machine created or
+//! deleted, a hook, an etcd member removed) reads them again first, and starts
+//! over on what it read if anything differs (see
+//! [`ManagementFingerprint`]). A lagging cache can therefore delay a decision
+//! but never cause an action: no second Machine for one not yet seen, no member
+//! removed on a CA Secret that is gone.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::api::names::CLUSTER_NAME_LABEL;
+use crate::api::{Cluster, Machine};
+
+use super::cluster_secrets::ClusterSecretObjects;
+
+/// Where a reconcile's management objects come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Watch caches and the Secret cache where they can serve; the API otherwise.
+    Caches,
+    /// The API server, always (and the Secret cache is refreshed).
+    Api,
+}
+
+/// Drop what no decision reads and every watched object would carry: the
+/// server's field-ownership records (often the largest part of an object).
+pub fn trim<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// The reflector stores the reconcile reads from (installed by
+/// [`super::run`]; without them every read goes to the API).
+#[derive(Clone)]
+pub struct WatchCaches {
+    pub machines: Store<Machine>,
+    pub clusters: Store<Cluster>,
+}
+
+impl WatchCaches {
+    /// Both stores have had their initial list and are still fed by their
+    /// watches (a store whose writer is gone is no longer current).
+    pub fn ready(&self) -> bool {
+        matches!(
+            self.machines.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        ) && matches!(
+            self.clusters.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        )
+    }
+
+    pub fn cluster(&self, namespace: &str, name: &str) -> Option<Cluster> {
+        self.clusters
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|c| (*c).clone())
+    }
+
+    /// The Machines of `cluster` (label `cluster.x-k8s.io/cluster-name`), as
+    /// the label-selected LIST would return them.
+    pub fn machines(&self, namespace: &str, cluster: &str) -> Vec<Machine> {
+        self.machines
+            .state_filter(|m| {
+                m.namespace().as_deref() == Some(namespace)
+                    && m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster)
+            })
+            .into_iter()
+            .map(|m| (*m).clone())
+            .collect()
+    }
+}
+
+/// The cluster Secrets as last read, per `namespace/cluster`, for `ttl`.
+#[derive(Default)]
+pub struct SecretCache {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Instant, ClusterSecretObjects)>>,
+}
+
+impl SecretCache {
+    /// A cache that serves a read for `ttl` (zero: never, every reconcile reads).
+    pub fn new(ttl: Duration) -> Self {
+        SecretCache {
+            ttl,
+            entries: Mutex::default(),
+        }
+    }
+
+    fn key(namespace: &str, cluster: &str) -> String {
+        format!("{namespace}/{cluster}")
+    }
+
+    /// The Secrets read less than the refresh period ago, if any.
+    pub fn get(&self, namespace: &str, cluster: &str) -> Option<ClusterSecretObjects> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(&Self::key(namespace, cluster))
+            .filter(|(read, _)| read.elapsed() < self.ttl)
+            .map(|(_, objects)| objects.clone())
+    }
+
+    /// Remember what was just read.
+    pub fn put(&self, namespace: &str, cluster: &str, objects: &ClusterSecretObjects) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                Self::key(namespace, cluster),
+                (Instant::now(), objects.clone()),
+            );
+    }
+
+    /// Forget the cluster's Secrets (we wrote one, or the cluster is gone).
+    pub fn invalidate(&self, namespace: &str, cluster: &str) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&Self::key(namespace, cluster));
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which version of each management object a decision saw: equal
+/// fingerprints mean a fresh read would decide the same.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ManagementFingerprint {
+    pub cluster: Option<Version>,
+    /// Every Machine of the Cluster (owned, foreign and workers) by name.
+    pub machines: Vec<(String, Version)>,
+    /// The five Secrets in [`ClusterSecretObjects`] order.
+    pub secrets: [Option<Version>; 5],
+}
+
+/// uid and resourceVersion of one object.
+pub type Version = (Option<String>, Option<String>);
+
+pub fn version_of<K: kube::Resource>(object: &K) -> Version {
+    let meta = object.meta();
+    (meta.uid.clone(), meta.resource_version.clone())
+}
+
+impl ManagementFingerprint {
+    pub fn of(
+        cluster: Option<&Cluster>,
+        machines: &[Machine],
+        secrets: &ClusterSecretObjects,
+    ) -> Self {
+        let mut named: Vec<(String, Version)> = machines
+            .iter()
+            .map(|m| (m.name_any(), version_of(m)))
+            .collect();
+        named.sort();
+        let s =
+            |secret: &Option<k8s_openapi::api::core::v1::Secret>| secret.as_ref().map(version_of);
+        ManagementFingerprint {
+            cluster: cluster.map(version_of),
+            machines: named,
+            secrets: [
+                s(&secrets.server_ca),
+                s(&secrets.client_ca),
+                s(&secrets.etcd_ca),
+                s(&secrets.token),
+                s(&secrets.kubeconfig),
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+
+    fn secret(name: &str, version: &str) -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "resourceVersion": version},
+        }))
+        .unwrap()
+    }
+
+    fn objects(etcd_version: &str) -> ClusterSecretObjects {
+        ClusterSecretObjects {
+            etcd_ca: Some(secret("c1-etcd", etcd_version)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_zero_refresh_never_serves_from_the_cache() {
+        let cache = SecretCache::new(Duration::ZERO);
+        cache.put("ns", "c1", &objects("1"));
+        assert!(cache.get("ns", "c1").is_none());
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn the_secrets_are_served_until_the_refresh_period_or_an_invalidation() {
+        let cache = SecretCache::new(Duration::from_millis(200));
+        assert!(cache.get("ns", "c1").is_none(), "nothing read yet");
+        cache.put("ns", "c1", &objects("1"));
+        let served = cache.get("ns", "c1").expect("fresh entry");
+        assert_eq!(
+            served.etcd_ca.and_then(|s| s.metadata.resource_version),
+            Some("1".into())
+        );
+        assert!(cache.get("ns", "c2").is_none(), "per cluster");
+        cache.invalidate("ns", "c1");
+        assert!(cache.get("ns", "c1").is_none(), "invalidated");
+        cache.put("ns", "c1", &objects("2"));
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(cache.get("ns", "c1").is_none(), "past the refresh period");
+    }
+
+    #[test]
+    fn fingerprints_differ_when_any_object_version_differs() {
+        let machine = |name: &str, version: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": {"name": name, "namespace": "ns", "resourceVersion": version},
+                "spec": {"clusterName": "c1", "bootstrap": {}, "infrastructureRef": {
+                    "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}}
+            }))
+            .unwrap()
+        };
+        let base = ManagementFingerprint::of(
+            None,
+            &[machine("m1", "5"), machine("m2", "6")],
+            &objects("1"),
+        );
+        let same_other_order = ManagementFingerprint::of(
+            None,
+            &[machine("m2", "6"), machine("m1", "5")],
+            &objects("1"),
+        );
+        assert_eq!(base, same_other_order);
+        let cases = [
+            (
+                "a Machine changed",
+                ManagementFingerprint::of(
+                    None,
+                    &[machine("m1", "7"), machine("m2", "6")],
+                    &objects("1"),
+                ),
+            ),
+            (
+                "a Machine the cache has not seen yet",
+                ManagementFingerprint::of(
+                    None,
+                    &[machine("m1", "5"), machine("m2", "6"), machine("m3", "8")],
+                    &objects("1"),
+                ),
+            ),
+            (
+                "the etcd CA Secret changed",
+                ManagementFingerprint::of(
+                    None,
+                    &[machine("m1", "5"), machine("m2", "6")],
+                    &objects("2"),
+                ),
+            ),
+            (
+                "the etcd CA Secret is gone",
+                ManagementFingerprint::of(
+                    None,
+                    &[machine("m1", "5"), machine("m2", "6")],
+                    &ClusterSecretObjects::default(),
+                ),
+            ),
+        ];
+        for (what, other) in cases {
+            assert_ne!(base, other, "{what}");
+        }
+    }
+}
