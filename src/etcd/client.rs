@@ -56,6 +56,9 @@ pub(crate) struct MemberClients {
     transport: Transport,
     timeouts: Timeouts,
     pool: Mutex<HashMap<EtcdEndpoint, Pooled>>,
+    /// The TLS configuration of the current identity, shared by every member
+    /// connection (rebuilt when the identity is renewed).
+    config: Mutex<Option<(Option<Arc<ClientIdentity>>, Arc<rustls::ClientConfig>)>>,
     /// Connections opened so far (for metrics and the "no new connection when
     /// nothing changed" guarantee).
     opened: std::sync::atomic::AtomicU64,
@@ -76,6 +79,7 @@ impl MemberClients {
             transport,
             timeouts,
             pool: Mutex::new(HashMap::new()),
+            config: Mutex::new(None),
             opened: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -105,7 +109,7 @@ impl MemberClients {
         {
             return Ok(pooled.client.clone());
         }
-        let config = Arc::new(self.tls.client_config(identity.as_deref())?);
+        let config = self.config_for(&identity)?;
         let presented = identity.is_some();
         self.opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -129,6 +133,23 @@ impl MemberClients {
             },
         );
         Ok(client)
+    }
+
+    /// The TLS configuration for `identity`: the one in use while the identity
+    /// is, a new one for a renewed identity.
+    fn config_for(
+        &self,
+        identity: &Option<Arc<ClientIdentity>>,
+    ) -> Result<Arc<rustls::ClientConfig>, EtcdError> {
+        let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((for_identity, config)) = current.as_ref()
+            && same_identity(for_identity, identity)
+        {
+            return Ok(config.clone());
+        }
+        let config = Arc::new(self.tls.client_config(identity.as_deref())?);
+        *current = Some((identity.clone(), config.clone()));
+        Ok(config)
     }
 
     /// One HTTP/2 connection to `endpoint`, opened on first use and reopened
