@@ -10,7 +10,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use rustls::pki_types::ServerName;
 
 use crate::etcd::error::{EtcdError, classify};
 use crate::etcd::tls::{ClientIdentity, ClientTls};
@@ -53,6 +56,9 @@ pub(crate) struct MemberClients {
     transport: Transport,
     timeouts: Timeouts,
     pool: Mutex<HashMap<EtcdEndpoint, Pooled>>,
+    /// The TLS configuration of the current identity, shared by every member
+    /// connection (rebuilt when the identity is renewed).
+    config: Mutex<Option<(Option<Arc<ClientIdentity>>, Arc<rustls::ClientConfig>)>>,
     /// Connections opened so far (for metrics and the "no new connection when
     /// nothing changed" guarantee).
     opened: std::sync::atomic::AtomicU64,
@@ -73,6 +79,7 @@ impl MemberClients {
             transport,
             timeouts,
             pool: Mutex::new(HashMap::new()),
+            config: Mutex::new(None),
             opened: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -102,16 +109,12 @@ impl MemberClients {
         {
             return Ok(pooled.client.clone());
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(self.timeouts.connect)
-            .with_tls(
-                self.tls
-                    .options_for(&endpoint.server_name, identity.as_deref()),
-            );
+        let config = self.config_for(&identity)?;
         let presented = identity.is_some();
         self.opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let client = Client::connect([endpoint.dial.as_str()], Some(options))
+        let channel = self.channel(endpoint, config)?;
+        let client = Client::from_channel(etcd_client::Channel::Tonic(channel), None)
             .await
             .map_err(|e| {
                 classify(
@@ -130,6 +133,67 @@ impl MemberClients {
             },
         );
         Ok(client)
+    }
+
+    /// The TLS configuration for `identity`: the one in use while the identity
+    /// is, a new one for a renewed identity.
+    fn config_for(
+        &self,
+        identity: &Option<Arc<ClientIdentity>>,
+    ) -> Result<Arc<rustls::ClientConfig>, EtcdError> {
+        let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((for_identity, config)) = current.as_ref()
+            && same_identity(for_identity, identity)
+        {
+            return Ok(config.clone());
+        }
+        let config = Arc::new(self.tls.client_config(identity.as_deref())?);
+        *current = Some((identity.clone(), config.clone()));
+        Ok(config)
+    }
+
+    /// One HTTP/2 connection to `endpoint`, opened on first use and reopened
+    /// by tonic when it breaks: TCP to the dial address, then TLS with
+    /// `config`, verifying the server certificate against the member's name
+    /// (`server_name`, never the dial address). A plain tonic channel, not
+    /// etcd-client's `Client::connect`, which builds a load-balancing channel
+    /// (a discovery channel and task, a ready cache) even for one endpoint.
+    fn channel(
+        &self,
+        endpoint: &EtcdEndpoint,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Result<tonic::transport::Channel, EtcdError> {
+        let invalid = |reason: String| EtcdError::InvalidEndpoint {
+            url: endpoint.dial.clone(),
+            reason,
+        };
+        let origin: http::Uri = endpoint
+            .dial
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+        let authority = origin
+            .authority()
+            .ok_or_else(|| invalid("no host".into()))?;
+        let server_name = ServerName::try_from(endpoint.server_name.clone())
+            .map_err(|e| invalid(format!("{}: {e}", endpoint.server_name)))?;
+        // tonic refuses an https URI with a connector of its caller's: the
+        // channel is given the http form of the dial address, requests carry
+        // the https origin, and the connector below only ever speaks TLS.
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
+            .map_err(|e| invalid(e.to_string()))?
+            .origin(origin)
+            .connect_timeout(self.timeouts.connect);
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        let tls = HttpsConnector::new(
+            tcp,
+            config,
+            true, // force_https: never a plaintext connection
+            Arc::new(FixedServerNameResolver::new(server_name)),
+        );
+        let connector = tower::ServiceExt::map_request(tls, https_uri);
+        Ok(channel.connect_with_connector_lazy(connector))
     }
 
     /// Run `call` against `endpoint` within `limit`, classifying failures. A
@@ -260,4 +324,12 @@ impl MemberClients {
             .unwrap_or_else(|p| p.into_inner())
             .remove(endpoint);
     }
+}
+
+/// `uri` with the https scheme (see [`MemberClients::channel`]).
+fn https_uri(uri: http::Uri) -> http::Uri {
+    let mut parts = uri.clone().into_parts();
+    parts.scheme = Some(http::uri::Scheme::HTTPS);
+    // Should it not parse, the http URI makes the connector refuse it.
+    http::Uri::from_parts(parts).unwrap_or(uri)
 }

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::pki::signer::CaSigner;
-use etcd_client::{Certificate, Identity, TlsOptions};
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -247,10 +246,6 @@ impl ClientIdentity {
         &self.subject
     }
 
-    fn tls_identity(&self) -> Identity {
-        Identity::from_pem(&self.cert_pem, &self.key_pem)
-    }
-
     /// Whether less than a third of the lifetime is left at `now`.
     fn due_for_renewal(&self, now: SystemTime) -> bool {
         let lifetime = self
@@ -466,20 +461,43 @@ impl ClientTls {
         self.client.as_ref().map(|c| c.current()).transpose()
     }
 
-    /// etcd-client TLS options verifying the server chain against our CA and
-    /// its certificate against `server_name`.
-    pub(crate) fn options_for(
+    /// The rustls configuration of connections to members: the server chain is
+    /// verified against our CA (and, per connection, the server certificate
+    /// against the member's name: rustls always checks the name it connects
+    /// to), `identity` is presented as the client certificate, and HTTP/2 is
+    /// offered by ALPN. It holds no per-server state except the session
+    /// cache, so one configuration serves every member of a cluster.
+    pub(crate) fn client_config(
         &self,
-        server_name: &str,
         identity: Option<&ClientIdentity>,
-    ) -> TlsOptions {
-        let mut options = TlsOptions::new()
-            .ca_certificate(Certificate::from_pem(self.ca.pem()))
-            .domain_name(server_name);
-        if let Some(identity) = identity {
-            options = options.identity(identity.tls_identity());
-        }
-        options
+    ) -> Result<rustls::ClientConfig, TlsError> {
+        let field = "client";
+        let mut roots = rustls::RootCertStore::empty();
+        // As tonic did: a certificate webpki cannot use as a trust anchor is
+        // left out, and a server it would have vouched for fails as signed by
+        // an unknown authority.
+        roots.add_parsable_certificates(parse_certs("etcd CA", self.ca.pem())?);
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports rustls's default protocol versions")
+        .with_root_certificates(roots);
+        let mut config = match identity {
+            Some(identity) => {
+                let certs = parse_certs(field, identity.cert_pem.as_bytes())?;
+                let key = parse_key(field, identity.key_pem.as_bytes())?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| TlsError::BadKey {
+                        field: field.into(),
+                        reason: e.to_string(),
+                    })?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 
@@ -498,26 +516,10 @@ impl ClientTls {
         use std::io::Read;
         use std::net::{TcpStream, ToSocketAddrs};
 
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut self.ca.pem()).flatten() {
-            let _ = roots.add(cert);
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .with_root_certificates(roots);
         let identity = self.client_identity().ok()?;
-        let mut config = match identity {
-            Some(identity) => {
-                let certs = parse_certs("client", identity.cert_pem.as_bytes()).ok()?;
-                let key = parse_key("client", identity.key_pem.as_bytes()).ok()?;
-                builder.with_client_auth_cert(certs, key).ok()?
-            }
-            None => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        let mut config = self.client_config(identity.as_deref()).ok()?;
+        // A full handshake, so that the server judges our certificate again.
+        config.resumption = rustls::client::Resumption::disabled();
         let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).ok()?;
         let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
         let addr = (host, port).to_socket_addrs().ok()?.next()?;
