@@ -47,7 +47,7 @@ impl Default for Timeouts {
 
 struct Pooled {
     identity: Option<Arc<ClientIdentity>>,
-    client: Client,
+    channel: tonic::transport::Channel,
 }
 
 /// A cache of per-endpoint clients sharing one TLS configuration.
@@ -96,25 +96,38 @@ impl MemberClients {
         self.transport.resolve(client_url)
     }
 
-    /// The client for `endpoint`, built on first use (connection is lazy: TLS
-    /// problems show on the first call).
+    /// The client for `endpoint` over its pooled connection, which is opened
+    /// on first use (lazily: TLS problems show on the first call).
     async fn client(&self, endpoint: &EtcdEndpoint) -> Result<Client, EtcdError> {
         let identity = self.tls.client_identity()?;
-        if let Some(pooled) = self
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(endpoint)
-            && same_identity(&pooled.identity, &identity)
-        {
-            return Ok(pooled.client.clone());
-        }
-        let config = self.config_for(&identity)?;
-        let presented = identity.is_some();
-        self.opened
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let channel = self.channel(endpoint, config)?;
-        let client = Client::from_channel(etcd_client::Channel::Tonic(channel), None)
+        let channel = {
+            // Held while a connection is made (no await), so that concurrent
+            // calls on one endpoint share one connection.
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            match pool
+                .get(endpoint)
+                .filter(|pooled| same_identity(&pooled.identity, &identity))
+            {
+                Some(pooled) => pooled.channel.clone(),
+                None => {
+                    let config = self.config_for(&identity)?;
+                    let channel = self.channel(endpoint, config)?;
+                    self.opened
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pool.insert(
+                        endpoint.clone(),
+                        Pooled {
+                            identity: identity.clone(),
+                            channel: channel.clone(),
+                        },
+                    );
+                    channel
+                }
+            }
+        };
+        // A client is a dozen service handles on the channel (a few KiB):
+        // made per call rather than kept for every pooled connection.
+        Client::from_channel(etcd_client::Channel::Tonic(channel), None)
             .await
             .map_err(|e| {
                 classify(
@@ -122,17 +135,9 @@ impl MemberClients {
                     "connect",
                     &self.label(endpoint),
                     &endpoint.server_name,
-                    presented,
+                    identity.is_some(),
                 )
-            })?;
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            endpoint.clone(),
-            Pooled {
-                identity,
-                client: client.clone(),
-            },
-        );
-        Ok(client)
+            })
     }
 
     /// The TLS configuration for `identity`: the one in use while the identity
