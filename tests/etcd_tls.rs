@@ -121,3 +121,42 @@ async fn a_client_certificate_minted_from_the_etcd_ca_works() {
     );
     assert_eq!(snap.leader, Some(c.member(0).id));
 }
+
+#[tokio::test]
+async fn a_renewed_client_certificate_gets_new_connections_and_the_old_ones_are_not_used() {
+    init();
+    let c = EtcdTestCluster::start(3).await.expect("start cluster");
+    // Minted certificates start 60 s in the past and are renewed with less
+    // than a third of their lifetime left: with 40 s, after about 6.7 s.
+    let tls = ClientTls::minted_from_ca(
+        ("server-ca.crt", c.ca_pem().as_bytes()),
+        ("server-ca.key", c.ca_key_pem().as_bytes()),
+        std::time::Duration::from_secs(40),
+    )
+    .unwrap();
+    let first = tls.client_identity().unwrap().unwrap();
+    let etcd = EtcdCluster::new(&c.endpoints(), tls.clone()).unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(snap.members.iter().all(|m| m.is_healthy()), "{snap:?}");
+    assert_eq!(etcd.connections_opened(), 3, "one connection per member");
+    etcd.snapshot().await.unwrap();
+    assert_eq!(etcd.connections_opened(), 3, "reused while the identity is");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::sync::Arc::ptr_eq(&tls.client_identity().unwrap().unwrap(), &first) {
+        assert!(std::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let snap = etcd.snapshot().await.unwrap();
+    assert!(
+        snap.members.iter().all(|m| m.is_healthy()),
+        "with the renewed certificate: {snap:?}"
+    );
+    assert_eq!(
+        etcd.connections_opened(),
+        6,
+        "a new connection per member for the renewed certificate"
+    );
+    etcd.snapshot().await.unwrap();
+    assert_eq!(etcd.connections_opened(), 6, "and those are reused");
+}

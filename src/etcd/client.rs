@@ -2,8 +2,9 @@
 //!
 //! etcd answers `MoveLeader` only on the leader and `MemberRemove` must reach a
 //! member that stays, so requests are addressed to a chosen member, never
-//! load-balanced. Clients are cached per dial address and rebuilt when the
-//! client certificate is renewed.
+//! load-balanced. Each member has one pooled HTTP/2 connection (a plain tonic
+//! channel), cached per dial address and rebuilt when the client certificate
+//! is renewed; the connections of a cluster share one TLS configuration.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -47,7 +48,13 @@ impl Default for Timeouts {
 
 struct Pooled {
     identity: Option<Arc<ClientIdentity>>,
-    client: Client,
+    channel: tonic::transport::Channel,
+}
+
+/// A TLS configuration and the identity it presents.
+struct SharedConfig {
+    identity: Option<Arc<ClientIdentity>>,
+    config: Arc<rustls::ClientConfig>,
 }
 
 /// A cache of per-endpoint clients sharing one TLS configuration.
@@ -58,7 +65,7 @@ pub(crate) struct MemberClients {
     pool: Mutex<HashMap<EtcdEndpoint, Pooled>>,
     /// The TLS configuration of the current identity, shared by every member
     /// connection (rebuilt when the identity is renewed).
-    config: Mutex<Option<(Option<Arc<ClientIdentity>>, Arc<rustls::ClientConfig>)>>,
+    config: Mutex<Option<SharedConfig>>,
     /// Connections opened so far (for metrics and the "no new connection when
     /// nothing changed" guarantee).
     opened: std::sync::atomic::AtomicU64,
@@ -96,25 +103,38 @@ impl MemberClients {
         self.transport.resolve(client_url)
     }
 
-    /// The client for `endpoint`, built on first use (connection is lazy: TLS
-    /// problems show on the first call).
+    /// The client for `endpoint` over its pooled connection, which is opened
+    /// on first use (lazily: TLS problems show on the first call).
     async fn client(&self, endpoint: &EtcdEndpoint) -> Result<Client, EtcdError> {
         let identity = self.tls.client_identity()?;
-        if let Some(pooled) = self
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(endpoint)
-            && same_identity(&pooled.identity, &identity)
-        {
-            return Ok(pooled.client.clone());
-        }
-        let config = self.config_for(&identity)?;
-        let presented = identity.is_some();
-        self.opened
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let channel = self.channel(endpoint, config)?;
-        let client = Client::from_channel(etcd_client::Channel::Tonic(channel), None)
+        let channel = {
+            // Held while a connection is made (no await), so that concurrent
+            // calls on one endpoint share one connection.
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            match pool
+                .get(endpoint)
+                .filter(|pooled| same_identity(&pooled.identity, &identity))
+            {
+                Some(pooled) => pooled.channel.clone(),
+                None => {
+                    let config = self.config_for(&identity)?;
+                    let channel = self.channel(endpoint, config)?;
+                    self.opened
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pool.insert(
+                        endpoint.clone(),
+                        Pooled {
+                            identity: identity.clone(),
+                            channel: channel.clone(),
+                        },
+                    );
+                    channel
+                }
+            }
+        };
+        // A client is a dozen service handles on the channel (a few KiB):
+        // made per call rather than kept for every pooled connection.
+        Client::from_channel(etcd_client::Channel::Tonic(channel), None)
             .await
             .map_err(|e| {
                 classify(
@@ -122,17 +142,9 @@ impl MemberClients {
                     "connect",
                     &self.label(endpoint),
                     &endpoint.server_name,
-                    presented,
+                    identity.is_some(),
                 )
-            })?;
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            endpoint.clone(),
-            Pooled {
-                identity,
-                client: client.clone(),
-            },
-        );
-        Ok(client)
+            })
     }
 
     /// The TLS configuration for `identity`: the one in use while the identity
@@ -142,13 +154,16 @@ impl MemberClients {
         identity: &Option<Arc<ClientIdentity>>,
     ) -> Result<Arc<rustls::ClientConfig>, EtcdError> {
         let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((for_identity, config)) = current.as_ref()
-            && same_identity(for_identity, identity)
+        if let Some(shared) = current.as_ref()
+            && same_identity(&shared.identity, identity)
         {
-            return Ok(config.clone());
+            return Ok(shared.config.clone());
         }
         let config = Arc::new(self.tls.client_config(identity.as_deref())?);
-        *current = Some((identity.clone(), config.clone()));
+        *current = Some(SharedConfig {
+            identity: identity.clone(),
+            config: config.clone(),
+        });
         Ok(config)
     }
 
@@ -332,4 +347,20 @@ fn https_uri(uri: http::Uri) -> http::Uri {
     parts.scheme = Some(http::uri::Scheme::HTTPS);
     // Should it not parse, the http URI makes the connector refuse it.
     http::Uri::from_parts(parts).unwrap_or(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::https_uri;
+
+    #[test]
+    fn the_connector_is_given_the_https_form_of_the_dial_address() {
+        for (given, expected) in [
+            ("http://127.0.0.1:2379", "https://127.0.0.1:2379/"),
+            ("http://[fd00::1]:2379", "https://[fd00::1]:2379/"),
+            ("http://cp-0.example:2379", "https://cp-0.example:2379/"),
+        ] {
+            assert_eq!(https_uri(given.parse().unwrap()).to_string(), expected);
+        }
+    }
 }

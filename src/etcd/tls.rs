@@ -23,6 +23,10 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 pub const CLIENT_COMMON_NAME: &str = "cluster-api.x-k8s.io";
 /// Default lifetime of a minted client certificate.
 pub const DEFAULT_MINTED_LIFETIME: Duration = Duration::from_secs(3600);
+/// Servers whose TLS sessions a client configuration remembers, to resume
+/// rather than redo a handshake when a connection to a member is reopened:
+/// more than the members of any etcd cluster.
+const RESUMPTION_SERVERS: usize = 16;
 /// Minted certificates start this much in the past, to tolerate clock skew.
 const BACKDATE: Duration = Duration::from_secs(60);
 
@@ -497,6 +501,9 @@ impl ClientTls {
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // Session tickets of as many servers as an etcd cluster has members
+        // (rustls's default keeps room for 256 servers in every configuration).
+        config.resumption = rustls::client::Resumption::in_memory_sessions(RESUMPTION_SERVERS);
         Ok(config)
     }
 }
