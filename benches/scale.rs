@@ -30,9 +30,10 @@
 //!
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
-//! [--no-remediation] [--remediation-concurrency C]`
+//! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
-//! its window with `perf record`).
+//! its window with `perf record`; `--controller-arg`: passed to the
+//! remediation controller's `run`, e.g. `--controller-arg=--max-chained-steps=0`).
 
 mod common;
 
@@ -853,6 +854,43 @@ struct RemediationFigures {
     /// Metrics and log messages of the batch.
     diagnostics: Vec<String>,
     concurrency: Option<u16>,
+    /// `run` arguments beyond `--concurrency`.
+    controller_args: Vec<String>,
+    /// Machine-wide CPU (all processes, from /proc/stat) per single
+    /// remediation, split: (machine, controller, this bench process) seconds.
+    single_cpu: Vec<(f64, f64, f64)>,
+    /// The same over the whole batch, and the batch's wall time.
+    batch_cpu: (f64, f64, f64),
+    batch_wall: Duration,
+    cores: usize,
+}
+
+/// Busy CPU ticks of the whole machine (every process and the kernel), from
+/// the `cpu` line of /proc/stat: user, nice, system, irq, softirq, steal.
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let line = stat.lines().next().expect("cpu line");
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().expect("tick count"))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields.get(7).copied().unwrap_or(0)
+}
+
+/// (machine, controller, this process) busy ticks now.
+fn cpu_split(process: &ControllerProcess) -> (u64, u64, u64) {
+    (
+        machine_busy_ticks(),
+        process.cpu_ticks(),
+        common::cpu_ticks(std::process::id()),
+    )
+}
+
+fn cpu_seconds(from: (u64, u64, u64), to: (u64, u64, u64), ticks: u64) -> (f64, f64, f64) {
+    let s = |a: u64, b: u64| (b - a) as f64 / ticks as f64;
+    (s(from.0, to.0), s(from.1, to.1), s(from.2, to.2))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -861,7 +899,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank - 1]
 }
 
-async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> RemediationFigures {
+async fn remediation(
+    k: usize,
+    singles: usize,
+    concurrency: Option<u16>,
+    controller_args: &[String],
+) -> RemediationFigures {
     let total = k + singles;
     let helpers = start_helpers(total);
     let common = CommonSecrets::new();
@@ -908,7 +951,11 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
     let done = all_reconciled(client.clone(), total, true).await;
     let spawned = Instant::now();
     let flag = concurrency.map(|c| format!("--concurrency={c}"));
-    let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+    let args: Vec<&str> = flag
+        .iter()
+        .chain(controller_args)
+        .map(String::as_str)
+        .collect();
     let process = ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await;
     let all_done = tokio::time::timeout(Duration::from_secs(180), done)
         .await
@@ -943,14 +990,18 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
     let _ = quiet;
     let mut single_times = Vec::new();
     let mut single_metrics: BTreeMap<String, f64> = BTreeMap::new();
+    let ticks = clock_ticks_per_second();
+    let mut single_cpu = Vec::new();
     for i in 0..singles {
         let name = target(i);
         let before = process.metrics().await;
+        let cpu0 = cpu_split(&process);
         let marked = Instant::now();
         mark_machine_unhealthy(&machines, &name)
             .await
             .expect("mark");
         single_times.extend(wait_gone(vec![name], marked).await);
+        single_cpu.push(cpu_seconds(cpu0, cpu_split(&process), ticks));
         for (k, v) in metric_diff(&before, &process.metrics().await) {
             *single_metrics.entry(k).or_default() += v;
         }
@@ -964,6 +1015,7 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
     let metrics0 = process.metrics().await;
     let ticks0 = process.cpu_ticks();
     let log0 = process.log_lines().len();
+    let cpu0 = cpu_split(&process);
     let marked = Instant::now();
     futures::future::join_all(names.iter().map(|n| mark_machine_unhealthy(&machines, n)))
         .await
@@ -972,6 +1024,7 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
         .expect("mark");
     let batch = wait_gone(names, marked).await;
     let busy = marked.elapsed();
+    let batch_cpu = cpu_seconds(cpu0, cpu_split(&process), ticks);
     let cpu = (process.cpu_ticks() - ticks0) as f64 / clock_ticks_per_second() as f64;
     let metrics1 = process.metrics().await;
     diagnostics.extend(
@@ -1018,6 +1071,11 @@ async fn remediation(k: usize, singles: usize, concurrency: Option<u16>) -> Reme
         all_status_after,
         diagnostics,
         concurrency,
+        controller_args: controller_args.to_vec(),
+        single_cpu,
+        batch_cpu,
+        batch_wall: busy,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
 }
 
@@ -1130,10 +1188,15 @@ fn print_remediation(r: &RemediationFigures) {
     println!();
     println!(
         "remediation (etcd leader's Machine marked; {} control planes each on its own 3-member etcd; \
-         controller concurrency {}; all had a status {:.2} s after spawn)",
+         controller concurrency {}{}; all had a status {:.2} s after spawn)",
         r.k + r.singles.len(),
         r.concurrency
             .map_or("10 (default)".to_string(), |c| c.to_string()),
+        if r.controller_args.is_empty() {
+            String::new()
+        } else {
+            format!(", run {}", r.controller_args.join(" "))
+        },
         r.all_status_after.as_secs_f64()
     );
     println!("| mark -> Machine gone | runs | p50 | p99 | min | max |");
@@ -1157,6 +1220,41 @@ fn print_remediation(r: &RemediationFigures) {
             ms(percentile(&batch, 0.99)) / ms(percentile(&singles, 0.99))
         );
     }
+    if !r.single_cpu.is_empty() {
+        // What one remediation costs the whole machine, and so the least
+        // wall time K of them need on these cores if nothing else ran.
+        let n = r.single_cpu.len() as f64;
+        let mean = |f: fn(&(f64, f64, f64)) -> f64| r.single_cpu.iter().map(f).sum::<f64>() / n;
+        let (machine, controller, bench) = (mean(|c| c.0), mean(|c| c.1), mean(|c| c.2));
+        println!(
+            "CPU per single remediation, mark to gone (mean of {}): machine {:.0} ms = controller {:.0} ms + bench process (API servers, CAPI simulation) {:.0} ms + the rest (etcd members, kernel, anything else) {:.0} ms",
+            r.single_cpu.len(),
+            machine * 1e3,
+            controller * 1e3,
+            bench * 1e3,
+            (machine - controller - bench) * 1e3
+        );
+        println!(
+            "CPU floor for {} at once: {} x {:.0} ms / {} cores = {:.0} ms",
+            r.k,
+            r.k,
+            machine * 1e3,
+            r.cores,
+            r.k as f64 * machine * 1e3 / r.cores as f64
+        );
+    }
+    let (machine, controller, bench) = r.batch_cpu;
+    println!(
+        "batch: machine busy {:.2} CPU-s in {:.2} s wall ({:.0} % of {} cores) = controller {:.2} + bench process {:.2} + the rest {:.2}; per remediation {:.0} ms of machine CPU",
+        machine,
+        r.batch_wall.as_secs_f64(),
+        100.0 * machine / (r.batch_wall.as_secs_f64() * r.cores as f64),
+        r.cores,
+        controller,
+        bench,
+        machine - controller - bench,
+        machine * 1e3 / r.k.max(1) as f64
+    );
     println!("during the batch:");
     for d in &r.diagnostics {
         println!("  {d}");
@@ -1174,6 +1272,8 @@ struct Options {
     remediation: bool,
     /// `run --concurrency` of the remediation controller (default: the binary's, 10).
     concurrency: Option<u16>,
+    /// Further `run` arguments of the remediation controller.
+    controller_args: Vec<String>,
     /// Seconds of `perf record` after the largest N's window.
     perf: Option<u64>,
 }
@@ -1189,6 +1289,7 @@ fn options() -> Options {
         remediation: true,
         perf: None,
         concurrency: None,
+        controller_args: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1209,6 +1310,12 @@ fn options() -> Options {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
             }
             "--no-remediation" => o.remediation = false,
+            "--controller-arg" => o
+                .controller_args
+                .push(args.next().expect("--controller-arg takes an argument")),
+            a if a.starts_with("--controller-arg=") => o
+                .controller_args
+                .push(a["--controller-arg=".len()..].to_string()),
             n => o.fleets.push(
                 n.parse()
                     .unwrap_or_else(|_| panic!("unknown argument {n:?}")),
@@ -1278,7 +1385,8 @@ fn main() {
             drop(etcd);
         }
         if o.remediation {
-            let figures = remediation(o.remediations, o.singles, o.concurrency).await;
+            let figures =
+                remediation(o.remediations, o.singles, o.concurrency, &o.controller_args).await;
             print_remediation(&figures);
         }
         println!("(whole bench {:.0} s)", started.elapsed().as_secs_f64());

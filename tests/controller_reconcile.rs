@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use k3s_control_plane::api::KThreesControlPlane;
 use k3s_control_plane::controller::reconcile::reconcile;
-use k3s_control_plane::harness::sandbox::{KCP, Sandbox};
+use k3s_control_plane::harness::sandbox::{KCP, Sandbox, controller_context, one_step_settings};
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -252,7 +252,8 @@ async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
     use k3s_control_plane::remediation::steps::Step;
 
     let sandbox = Sandbox::start(3).await.unwrap();
-    let ctx = sandbox.context();
+    // One step per reconcile: the test acts between two particular steps.
+    let ctx = controller_context(sandbox.client(), one_step_settings());
     let target = sandbox.machines[1].clone();
     sandbox.mark_unhealthy(&target).await.unwrap();
 

@@ -88,6 +88,12 @@ async fn the_leaders_machine_marked_by_mhc_is_replaced_after_its_member_is_remov
         .and_then(|s| s.last_remediation.clone())
         .expect("lastRemediation");
     assert_eq!(last.machine, target);
+    // Steps after the first were decided in the reconcile of the step before
+    // them (on a fresh read), not after a trip through the queue.
+    assert!(
+        controller.ctx.metrics.chained_steps.get() >= 1,
+        "no removal step was chained"
+    );
     controller.stop().await;
 }
 

@@ -13,7 +13,7 @@ use k3s_control_plane::api::names::{
 };
 use k3s_control_plane::controller::reconcile::reconcile;
 use k3s_control_plane::etcd::EtcdCluster;
-use k3s_control_plane::harness::sandbox::Sandbox;
+use k3s_control_plane::harness::sandbox::{Sandbox, controller_context, one_step_settings};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -86,7 +86,9 @@ async fn controller_crashing_after_member_removal_resumes_without_repeating_a_st
     expected.retain(|n| *n != target_member);
     sandbox.mark_unhealthy(&target).await.unwrap();
 
-    let first = sandbox.context();
+    // One step per reconcile, so that the process can "crash" right after
+    // the removal, before the step that follows it.
+    let first = controller_context(sandbox.client(), one_step_settings());
     let deadline = tokio::time::Instant::now() + LIMIT;
     let mut calls = 0;
     loop {

@@ -72,6 +72,12 @@ pub struct RunArgs {
     /// Secret shows in the status of a control plane that is otherwise idle.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub secret_refresh: Duration,
+    /// Removal steps (of a remediation or scale-down) one reconcile takes
+    /// back to back. Each is decided on a fresh read once the one before it
+    /// has landed; the object goes back to the queue after this many, or at
+    /// the first step that has to wait. `0`: one step per reconcile.
+    #[arg(long, default_value_t = 8)]
+    pub max_chained_steps: u32,
     /// Log level of the controller's own messages: error, warn, info, debug
     /// or trace. Client libraries stay at warn; RUST_LOG, when set, overrides both.
     #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
@@ -237,6 +243,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         namespace: args.namespace.clone().filter(|v| !v.is_empty()),
         concurrency: args.concurrency,
         secret_refresh: args.secret_refresh,
+        max_chained_steps: args.max_chained_steps,
         ..Settings::default()
     };
     match election {
@@ -350,5 +357,19 @@ mod tests {
         assert!(parse_duration("15h").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn chained_steps_default_to_eight_and_zero_means_one_step_per_reconcile() {
+        assert_eq!(parse(&[]).unwrap().max_chained_steps, 8);
+        assert_eq!(
+            parse(&["--max-chained-steps=0"]).unwrap().max_chained_steps,
+            0
+        );
+        assert_eq!(
+            Settings::default().max_chained_steps,
+            parse(&[]).unwrap().max_chained_steps
+        );
+        assert!(parse(&["--max-chained-steps=-1"]).is_err());
     }
 }

@@ -44,6 +44,9 @@ pub struct Settings {
     /// reconcile serve the next ones (zero: every reconcile reads them). A
     /// reconcile about to act reads them again whatever this says.
     pub secret_refresh: Duration,
+    /// `run --max-chained-steps`: removal steps one reconcile takes back to
+    /// back, each on a fresh read (zero: one step per reconcile).
+    pub max_chained_steps: u32,
 }
 
 impl Default for Settings {
@@ -59,6 +62,7 @@ impl Default for Settings {
             watch_filter: None,
             namespace: None,
             concurrency: 10,
+            max_chained_steps: 8,
             secret_refresh: Duration::from_secs(30 * 60),
         }
     }

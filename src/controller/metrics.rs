@@ -52,6 +52,9 @@ pub struct Metrics {
     /// Decisions to act taken on cached objects that a fresh read found
     /// behind, and so taken again on the fresh ones.
     pub stale_cache_decisions: Counter,
+    /// Removal steps decided within the reconcile of the step before them,
+    /// on a fresh read, instead of after a trip through the work queue.
+    pub chained_steps: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
@@ -75,6 +78,7 @@ impl Metrics {
         let metrics = Metrics {
             reconciles: Counter::default(),
             stale_cache_decisions: Counter::default(),
+            chained_steps: Counter::default(),
             errors: Family::default(),
             remediations: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
@@ -97,6 +101,11 @@ impl Metrics {
             "stale_cache_decisions",
             "Decisions to act taken on cached Clusters, Machines or Secrets that a fresh read found behind, so taken again on what was read",
             metrics.stale_cache_decisions.clone(),
+        );
+        sub.register(
+            "chained_steps",
+            "Removal steps decided and taken right after the step before them, in the same reconcile, on a fresh read",
+            metrics.chained_steps.clone(),
         );
         sub.register(
             "reconcile_errors",

@@ -1,5 +1,10 @@
 //! One reconcile of a KThreesControlPlane, as a named pipeline:
 //! observe -> validate + decide (pure, [`plan`]) -> act (one step) -> status.
+//!
+//! When that one step was a step of a removal (a remediation or scale-down)
+//! and it landed, the pipeline runs again at once on a fresh read, up to
+//! `Settings::max_chained_steps` times: each step is still decided on its own
+//! observation, but a removal does not wait in the work queue between steps.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,7 +12,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use tracing::{info, instrument, warn};
+use tracing::{Instrument, info, instrument, warn};
 
 use crate::api::{KThreesControlPlane, Machine};
 
@@ -67,7 +72,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         }
         fresh
     };
-    let Some(current) = read else {
+    let Some(mut current) = read else {
         // Gone: its connections, caches and series go with it.
         ctx.forget_control_plane(&namespace, &cached.name_any());
         if let Some(cluster) = super::observe::cluster_name(cached) {
@@ -76,11 +81,54 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         return Ok(Requeue::await_change());
     };
     let mut observed = observe_management(ctx, current.clone(), Source::Caches).await?;
+    if let Some(cluster) = &observed.0.cluster_name {
+        tracing::Span::current().record("cluster", cluster.as_str());
+    }
+    let mut chained = 0;
+    // The removal whose step landed last in this reconcile, if any.
+    let mut continuing: Option<String> = None;
     loop {
-        match decide_and_act(ctx, &kcps, &current, observed).await? {
+        // Boxed: the pass is a large future, and a reconcile awaited on a
+        // small stack (a test's thread) must not hold it inline.
+        let pass = decide_and_act(ctx, &kcps, &current, observed, continuing.as_deref());
+        // A chained pass logs under its own span, with its own rule.
+        let span = if chained == 0 {
+            tracing::Span::current()
+        } else {
+            tracing::info_span!("chained", step = chained, rule = tracing::field::Empty)
+        };
+        match Box::pin(pass.instrument(span)).await? {
             Pass::Done(requeue) => return Ok(requeue),
             // What the caches held was behind: decide again on what was read.
-            Pass::Stale(fresh) => observed = fresh,
+            Pass::Stale(fresh) => observed = *fresh,
+            // The bound keeps one removal from holding a worker indefinitely.
+            Pass::Stepped { requeue, .. } if chained >= ctx.settings.max_chained_steps => {
+                return Ok(requeue);
+            }
+            Pass::Stepped { machine, .. } => {
+                continuing = Some(machine);
+                // The step's effect is observable now: look again at once,
+                // everything from the API server (the caches have not seen
+                // our own write yet), and decide the next step on that.
+                chained += 1;
+                ctx.metrics.chained_steps.inc();
+                let Some(fresh) =
+                    kcps.get_opt(&current.name_any())
+                        .await
+                        .map_err(|source| Error::Observe {
+                            context: format!(
+                                "get KThreesControlPlane {namespace}/{}",
+                                current.name_any()
+                            ),
+                            source,
+                        })?
+                else {
+                    // Deleted meanwhile: the next reconcile finds it gone.
+                    return Ok(Requeue::requeue(Duration::from_millis(200)));
+                };
+                current = fresh;
+                observed = Box::pin(observe_management(ctx, current.clone(), Source::Api)).await?;
+            }
         }
     }
 }
@@ -88,8 +136,14 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
 /// How one pass of decide-and-act ended.
 enum Pass {
     Done(Requeue),
+    /// A step of the removal of `machine` was carried out; `requeue` is what
+    /// to do if no further pass follows in this reconcile.
+    Stepped {
+        requeue: Requeue,
+        machine: String,
+    },
     /// About to act on cached objects, a fresh read found them changed.
-    Stale((World, ManagementRead)),
+    Stale(Box<(World, ManagementRead)>),
 }
 
 /// Fresh before acting: when `read` came (partly) from caches, read the
@@ -116,24 +170,30 @@ async fn fresh_if_changed(
     Ok(Some(fresh))
 }
 
+/// One pass: decide on `world` and act. `continuing` names the Machine whose
+/// removal a step of this reconcile carried on: such a pass only takes the
+/// next step of that removal (or waits, or idles); any other action is left
+/// to the next reconcile, so a chain never starts a second removal.
 async fn decide_and_act(
     ctx: &Context,
     kcps: &Api<KThreesControlPlane>,
     kcp: &KThreesControlPlane,
     (mut world, read): (World, ManagementRead),
+    continuing: Option<&str>,
 ) -> Result<Pass> {
-    if let Some(cluster) = &world.cluster_name {
-        tracing::Span::current().record("cluster", cluster.as_str());
-    }
+    let chain_ends = || Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))));
     // Without a Cluster nothing can be set up; a deleted one still goes.
     if world.cluster_name.is_some() || kcp.metadata.deletion_timestamp.is_some() {
         let lifecycle = decide_lifecycle(&lifecycle_view(&world));
         if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
+            if continuing.is_some() && lifecycle_acts(&lifecycle) {
+                return chain_ends();
+            }
             if lifecycle_acts(&lifecycle)
                 && let Some(fresh) =
                     fresh_if_changed(ctx, kcp, &read, lifecycle.rule().as_str()).await?
             {
-                return Ok(Pass::Stale(fresh));
+                return Ok(Pass::Stale(Box::new(fresh)));
             }
             return settle_lifecycle(ctx, kcps, &world, &lifecycle)
                 .await
@@ -154,15 +214,19 @@ async fn decide_and_act(
     };
     record_etcd_quorum(ctx, &world);
     let planned = plan(&world);
+    if let (Some(machine), Ok(plan)) = (continuing, &planned)
+        && action_acts(&plan.action)
+        && !matches!(&plan.action, Action::Step { removal, .. } if removal.machine == machine)
+    {
+        return chain_ends();
+    }
     if let Ok(plan) = &planned
         && action_acts(&plan.action)
         && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, plan.rule.as_str()).await?
     {
-        return Ok(Pass::Stale(fresh));
+        return Ok(Pass::Stale(Box::new(fresh)));
     }
-    act_on_plan(ctx, kcps, kcp, world, etcd, planned)
-        .await
-        .map(Pass::Done)
+    act_on_plan(ctx, kcps, kcp, world, etcd, planned).await
 }
 
 /// Write conditions, then carry out the plan's one action, then status.
@@ -173,7 +237,7 @@ async fn act_on_plan(
     mut world: World,
     etcd: Option<std::sync::Arc<crate::etcd::EtcdCluster>>,
     planned: std::result::Result<super::plan::Plan, Refusal>,
-) -> Result<Requeue> {
+) -> Result<Pass> {
     let namespace = kcp.namespace().unwrap_or_default();
     let lifecycle = Lifecycle::Proceed {
         secrets: plan_secrets(&world.secrets),
@@ -194,10 +258,10 @@ async fn act_on_plan(
                 publish(ctx, kcp, EventType::Warning, reason, &refusal.to_string()).await;
                 warn!(%refusal, "refusing to act");
             }
-            return Ok(match refusal {
+            return Ok(Pass::Done(match refusal {
                 Refusal::Invalid(_) => Requeue::await_change(),
                 _ => Requeue::requeue(ctx.settings.wait_requeue),
-            });
+            }));
         }
         Ok(plan) => plan,
     };
@@ -268,11 +332,15 @@ async fn act_on_plan(
                 }
             }
             info!(rule = %plan.rule, "{}", plan.message);
-            Ok(Requeue::requeue(ctx.settings.wait_requeue))
+            Ok(Pass::Done(Requeue::requeue(ctx.settings.wait_requeue)))
         }
-        Action::Idle => Ok(Requeue::requeue(ctx.settings.idle_requeue)),
-        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. } => {
-            Ok(Requeue::requeue(Duration::from_millis(200)))
+        Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
+        Action::Step { removal, .. } => Ok(Pass::Stepped {
+            requeue: Requeue::requeue(Duration::from_millis(200)),
+            machine: removal.machine.clone(),
+        }),
+        Action::CreateMachine | Action::RemoveOrphan { .. } => {
+            Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
     }
 }

@@ -131,7 +131,11 @@ pub async fn drive_until(
 ) -> Result<DriveRecord, SandboxError> {
     let started = Instant::now();
     let mut record = DriveRecord::default();
-    let mut ctx = sandbox.context();
+    // One step per reconcile: every step is recorded on its own.
+    let client = sandbox.client();
+    let one_step =
+        || super::sandbox::controller_context(client.clone(), super::sandbox::one_step_settings());
+    let mut ctx = one_step();
     let kcps = sandbox.kcp_api();
     let name = super::sandbox::KCP;
     loop {
@@ -141,7 +145,7 @@ pub async fn drive_until(
             .await
             .map_err(|e| SandboxError(format!("get KThreesControlPlane {name}: {e}")))?;
         if drive.crash_after_every_step {
-            ctx = sandbox.context();
+            ctx = one_step();
         }
         let t = Instant::now();
         let result = reconcile(std::sync::Arc::new(kcp), ctx.clone()).await;

@@ -218,6 +218,15 @@ pub fn fast_settings() -> Settings {
     }
 }
 
+/// [`fast_settings`] with one removal step per reconcile (no chaining): for
+/// tests that stop, or strike, between two particular steps.
+pub fn one_step_settings() -> Settings {
+    Settings {
+        max_chained_steps: 0,
+        ..fast_settings()
+    }
+}
+
 /// A controller context on `client` (a management API), with `settings`.
 pub fn controller_context(client: kube::Client, settings: Settings) -> Arc<Context> {
     let mut registry = prometheus_client::registry::Registry::default();
