@@ -30,10 +30,15 @@
 //!
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
-//! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...`
+//! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...
+//! [--etcd-heartbeat-ms MS]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
 //! its window with `perf record`; `--controller-arg`: passed to the
-//! remediation controller's `run`, e.g. `--controller-arg=--max-chained-steps=0`).
+//! remediation controller's `run`, e.g. `--controller-arg=--max-chained-steps=0`;
+//! `--etcd-heartbeat-ms`: the remediation world's etcd heartbeat, default 100,
+//! election timeout 15 times it: 165 members at 100 ms keep most of 2 cores
+//! busy while idle, which a real management cluster, whose workload etcd runs
+//! elsewhere, does not pay).
 
 mod common;
 
@@ -68,6 +73,9 @@ use common::{ControllerProcess, clock_ticks_per_second, established_to_port, mib
 
 /// Shared etcd clusters behind the fleet (the harness runs at most 3 per process).
 const ETCD_CLUSTERS: usize = 3;
+/// The remediation world's etcd heartbeat unless `--etcd-heartbeat-ms` says otherwise:
+/// the harness's own (its election timeout is 15 times it).
+const ETCD_HEARTBEAT_MS: u32 = 100;
 const ETCD_CLIENT_PORT: u16 = 2379;
 /// The binary's default idle requeue; the window starts this long (plus a
 /// margin) after every control plane has a status.
@@ -739,18 +747,22 @@ async fn watched_json_bytes(client: &kube::Client) -> usize {
 
 /// Helper-process mode: start `count` (≤ 3) etcd clusters, print each one's
 /// [`EtcdInfo`] as a JSON line, then `ready`, and keep them until stdin closes.
-fn etcd_helper(count: usize) {
+fn etcd_helper(count: usize, heartbeat_ms: u32) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     runtime.block_on(async {
-        let clusters: Vec<EtcdTestCluster> =
-            futures::future::join_all((0..count).map(|_| EtcdTestCluster::start(3)))
-                .await
-                .into_iter()
-                .map(|c| c.expect("etcd cluster"))
-                .collect();
+        let clusters: Vec<EtcdTestCluster> = futures::future::join_all((0..count).map(|_| {
+            EtcdTestCluster::builder()
+                .members(3)
+                .raft_timing(heartbeat_ms, heartbeat_ms * 15)
+                .start()
+        }))
+        .await
+        .into_iter()
+        .map(|c| c.expect("etcd cluster"))
+        .collect();
         let mut out = std::io::stdout().lock();
         for c in &clusters {
             let info = etcd_info(c).await;
@@ -775,7 +787,7 @@ struct EtcdHelpers {
     infos: Vec<EtcdInfo>,
 }
 
-fn start_helpers(clusters: usize) -> EtcdHelpers {
+fn start_helpers(clusters: usize, heartbeat_ms: u32) -> EtcdHelpers {
     let exe = std::env::current_exe().expect("own path");
     let mut infos = Vec::new();
     let mut children = Vec::new();
@@ -787,6 +799,7 @@ fn start_helpers(clusters: usize) -> EtcdHelpers {
             let count = (clusters - h * 3).min(3);
             let child = std::process::Command::new(&exe)
                 .args(["--etcd-helper", &count.to_string()])
+                .args(["--etcd-heartbeat-ms", &heartbeat_ms.to_string()])
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -856,33 +869,75 @@ struct RemediationFigures {
     concurrency: Option<u16>,
     /// `run` arguments beyond `--concurrency`.
     controller_args: Vec<String>,
-    /// Machine-wide CPU (all processes, from /proc/stat) per single
-    /// remediation, split: (machine, controller, this bench process) seconds.
+    /// CPU of this bench's world (this process and every process under it:
+    /// the controller, the etcd helpers and their etcd members) per single
+    /// remediation, split: (world, controller, this bench process) seconds.
     single_cpu: Vec<(f64, f64, f64)>,
     /// The same over the whole batch, and the batch's wall time.
     batch_cpu: (f64, f64, f64),
+    /// The world's CPU while idle, in cores, split the same way.
+    idle_cores: (f64, f64, f64),
+    /// The etcd members' `--heartbeat-interval` (election timeout 15x).
+    heartbeat_ms: u32,
     batch_wall: Duration,
     cores: usize,
 }
 
-/// Busy CPU ticks of the whole machine (every process and the kernel), from
-/// the `cpu` line of /proc/stat: user, nice, system, irq, softirq, steal.
-fn machine_busy_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let line = stat.lines().next().expect("cpu line");
-    let fields: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|f| f.parse().expect("tick count"))
-        .collect();
-    // user nice system idle iowait irq softirq steal ...
-    fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields.get(7).copied().unwrap_or(0)
+/// CPU ticks of `root` and every live process under it: utime + stime, plus
+/// cutime + cstime (children that ended and were waited for, such as an
+/// etcd member that exits once removed). Other work on the machine (another
+/// build) is not counted.
+fn tree_ticks(root: u32) -> u64 {
+    let mut parent_and_ticks = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue; // gone meanwhile
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        // From field 3 (state): ppid is field 4, utime..cstime fields 14-17.
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let number = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let ticks = number(11) + number(12) + number(13) + number(14);
+        parent_and_ticks.push((pid, number(1) as u32, ticks));
+    }
+    let mut inside = HashSet::from([root]);
+    // Parents may be listed after their children: repeat until no change.
+    loop {
+        let before = inside.len();
+        for (pid, ppid, _) in &parent_and_ticks {
+            if inside.contains(ppid) {
+                inside.insert(*pid);
+            }
+        }
+        if inside.len() == before {
+            break;
+        }
+    }
+    parent_and_ticks
+        .iter()
+        .filter(|(pid, _, _)| inside.contains(pid))
+        .map(|(_, _, ticks)| ticks)
+        .sum()
 }
 
-/// (machine, controller, this process) busy ticks now.
+/// (world, controller, this process) CPU ticks now.
 fn cpu_split(process: &ControllerProcess) -> (u64, u64, u64) {
     (
-        machine_busy_ticks(),
+        tree_ticks(std::process::id()),
         process.cpu_ticks(),
         common::cpu_ticks(std::process::id()),
     )
@@ -904,9 +959,10 @@ async fn remediation(
     singles: usize,
     concurrency: Option<u16>,
     controller_args: &[String],
+    heartbeat_ms: u32,
 ) -> RemediationFigures {
     let total = k + singles;
-    let helpers = start_helpers(total);
+    let helpers = start_helpers(total, heartbeat_ms);
     let common = CommonSecrets::new();
     let management = management_server().await.expect("management server");
     let client = management.client();
@@ -988,9 +1044,19 @@ async fn remediation(
 
     let quiet = wait_quiet(Duration::from_secs(180)).await;
     let _ = quiet;
+    let ticks = clock_ticks_per_second();
+    // What the world burns doing nothing (etcd heartbeats, the controller
+    // and API servers idle), before any mark: the share of the cores a
+    // remediation cannot have.
+    let idle_from = (cpu_split(&process), Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = {
+        let (world, controller, bench) = cpu_seconds(idle_from.0, cpu_split(&process), ticks);
+        let wall = idle_from.1.elapsed().as_secs_f64();
+        (world / wall, controller / wall, bench / wall)
+    };
     let mut single_times = Vec::new();
     let mut single_metrics: BTreeMap<String, f64> = BTreeMap::new();
-    let ticks = clock_ticks_per_second();
     let mut single_cpu = Vec::new();
     for i in 0..singles {
         let name = target(i);
@@ -1074,6 +1140,8 @@ async fn remediation(
         controller_args: controller_args.to_vec(),
         single_cpu,
         batch_cpu,
+        idle_cores: idle,
+        heartbeat_ms,
         batch_wall: busy,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
@@ -1188,8 +1256,9 @@ fn print_remediation(r: &RemediationFigures) {
     println!();
     println!(
         "remediation (etcd leader's Machine marked; {} control planes each on its own 3-member etcd; \
-         controller concurrency {}{}; all had a status {:.2} s after spawn)",
+         etcd heartbeat {} ms; controller concurrency {}{}; all had a status {:.2} s after spawn)",
         r.k + r.singles.len(),
+        r.heartbeat_ms,
         r.concurrency
             .map_or("10 (default)".to_string(), |c| c.to_string()),
         if r.controller_args.is_empty() {
@@ -1220,14 +1289,41 @@ fn print_remediation(r: &RemediationFigures) {
             ms(percentile(&batch, 0.99)) / ms(percentile(&singles, 0.99))
         );
     }
+    let (idle_world, idle_controller, idle_bench) = r.idle_cores;
+    println!(
+        "world idle, before any mark (10 s): {:.2} cores = controller {:.3} + bench process {:.3} + etcd {:.2}",
+        idle_world,
+        idle_controller,
+        idle_bench,
+        idle_world - idle_controller - idle_bench
+    );
     if !r.single_cpu.is_empty() {
-        // What one remediation costs the whole machine, and so the least
-        // wall time K of them need on these cores if nothing else ran.
+        // What one remediation costs this world, and so the least wall time
+        // K of them need on these cores if nothing else ran.
         let n = r.single_cpu.len() as f64;
         let mean = |f: fn(&(f64, f64, f64)) -> f64| r.single_cpu.iter().map(f).sum::<f64>() / n;
         let (machine, controller, bench) = (mean(|c| c.0), mean(|c| c.1), mean(|c| c.2));
+        let mean_single = r.singles.iter().map(Duration::as_secs_f64).sum::<f64>() / n;
+        // Beyond what the world burns idle over the same time.
+        let marginal = machine - idle_world * mean_single;
         println!(
-            "CPU per single remediation, mark to gone (mean of {}): machine {:.0} ms = controller {:.0} ms + bench process (API servers, CAPI simulation) {:.0} ms + the rest (etcd members, kernel, anything else) {:.0} ms",
+            "CPU a single remediation adds to the idle world: {:.0} ms ({:.0} ms in all over its mean {:.0} ms, less idle {:.2} cores)",
+            marginal * 1e3,
+            machine * 1e3,
+            mean_single * 1e3,
+            idle_world
+        );
+        println!(
+            "CPU floor for {} at once on the cores the idle world leaves: {} x {:.0} ms / ({} - {:.2}) cores = {:.0} ms",
+            r.k,
+            r.k,
+            marginal * 1e3,
+            r.cores,
+            idle_world,
+            r.k as f64 * marginal * 1e3 / (r.cores as f64 - idle_world).max(0.01)
+        );
+        println!(
+            "CPU per single remediation, mark to gone (mean of {}): world {:.0} ms = controller {:.0} ms + bench process (API servers, CAPI simulation) {:.0} ms + etcd (members and their helper processes) {:.0} ms",
             r.single_cpu.len(),
             machine * 1e3,
             controller * 1e3,
@@ -1245,7 +1341,7 @@ fn print_remediation(r: &RemediationFigures) {
     }
     let (machine, controller, bench) = r.batch_cpu;
     println!(
-        "batch: machine busy {:.2} CPU-s in {:.2} s wall ({:.0} % of {} cores) = controller {:.2} + bench process {:.2} + the rest {:.2}; per remediation {:.0} ms of machine CPU",
+        "batch: world busy {:.2} CPU-s in {:.2} s wall ({:.0} % of {} cores) = controller {:.2} + bench process {:.2} + etcd {:.2}; per remediation {:.0} ms of world CPU",
         machine,
         r.batch_wall.as_secs_f64(),
         100.0 * machine / (r.batch_wall.as_secs_f64() * r.cores as f64),
@@ -1274,6 +1370,8 @@ struct Options {
     concurrency: Option<u16>,
     /// Further `run` arguments of the remediation controller.
     controller_args: Vec<String>,
+    /// The remediation world's etcd heartbeat (ms).
+    heartbeat_ms: u32,
     /// Seconds of `perf record` after the largest N's window.
     perf: Option<u64>,
 }
@@ -1290,6 +1388,7 @@ fn options() -> Options {
         perf: None,
         concurrency: None,
         controller_args: Vec::new(),
+        heartbeat_ms: ETCD_HEARTBEAT_MS,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1310,6 +1409,7 @@ fn options() -> Options {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
             }
             "--no-remediation" => o.remediation = false,
+            "--etcd-heartbeat-ms" => o.heartbeat_ms = value("--etcd-heartbeat-ms") as u32,
             "--controller-arg" => o
                 .controller_args
                 .push(args.next().expect("--controller-arg takes an argument")),
@@ -1339,7 +1439,13 @@ fn main() {
             .get(at + 1)
             .and_then(|c| c.parse().ok())
             .expect("--etcd-helper COUNT");
-        etcd_helper(count);
+        let heartbeat_ms = args
+            .iter()
+            .position(|a| a == "--etcd-heartbeat-ms")
+            .and_then(|at| args.get(at + 1))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(ETCD_HEARTBEAT_MS);
+        etcd_helper(count, heartbeat_ms);
         return;
     }
     let _ = tracing_subscriber::fmt()
@@ -1385,8 +1491,14 @@ fn main() {
             drop(etcd);
         }
         if o.remediation {
-            let figures =
-                remediation(o.remediations, o.singles, o.concurrency, &o.controller_args).await;
+            let figures = remediation(
+                o.remediations,
+                o.singles,
+                o.concurrency,
+                &o.controller_args,
+                o.heartbeat_ms,
+            )
+            .await;
             print_remediation(&figures);
         }
         println!("(whole bench {:.0} s)", started.elapsed().as_secs_f64());

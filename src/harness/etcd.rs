@@ -183,6 +183,8 @@ pub struct TestMember {
     pub member_add_refusals: u32,
     /// Extra etcd flags of this member (e.g. a small `--quota-backend-bytes`).
     extra_args: Vec<String>,
+    /// `--heartbeat-interval` and `--election-timeout` (ms).
+    raft_timing: (u32, u32),
     /// False when the serving certificate deliberately lacks the member's IP:
     /// it cannot be probed on its address, so readiness only waits for it to join.
     pub ip_in_serving_cert: bool,
@@ -283,9 +285,9 @@ impl TestMember {
             .arg(peer_ca)
             .arg("--peer-client-cert-auth")
             .arg("--heartbeat-interval")
-            .arg(HEARTBEAT_MS.to_string())
+            .arg(self.raft_timing.0.to_string())
             .arg("--election-timeout")
-            .arg(ELECTION_MS.to_string())
+            .arg(self.raft_timing.1.to_string())
             .arg("--pre-vote")
             .arg("--logger=zap")
             .arg("--log-level=warn")
@@ -363,6 +365,8 @@ pub struct EtcdTestClusterBuilder {
     /// `--quota-backend-bytes` per member index.
     quotas: Vec<(usize, u64)>,
     unreachable_client_addresses: bool,
+    /// `--heartbeat-interval` and `--election-timeout` (ms) of every member.
+    raft_timing: (u32, u32),
 }
 
 impl EtcdTestClusterBuilder {
@@ -414,6 +418,14 @@ impl EtcdTestClusterBuilder {
     /// connections reach them through [`EtcdTestCluster::transport`].
     pub fn unreachable_client_addresses(mut self) -> Self {
         self.unreachable_client_addresses = true;
+        self
+    }
+
+    /// Raft timing of every member, in milliseconds (default 100 and 1500).
+    /// A slower heartbeat costs less CPU while idle: a bench running many
+    /// clusters on a few cores can keep etcd's own idle load off them.
+    pub fn raft_timing(mut self, heartbeat_ms: u32, election_ms: u32) -> Self {
+        self.raft_timing = (heartbeat_ms, election_ms);
         self
     }
 
@@ -497,6 +509,7 @@ impl EtcdTestCluster {
             partitionable: false,
             quotas: Vec::new(),
             unreachable_client_addresses: false,
+            raft_timing: (HEARTBEAT_MS, ELECTION_MS),
         }
     }
 
@@ -560,6 +573,7 @@ impl EtcdTestCluster {
             for (_, bytes) in opts.quotas.iter().filter(|(index, _)| *index == i) {
                 member.extra_args = vec![format!("--quota-backend-bytes={bytes}")];
             }
+            member.raft_timing = opts.raft_timing;
             members.push(member);
         }
         let initial_cluster = members
@@ -660,6 +674,7 @@ impl EtcdTestCluster {
             learner: false,
             member_add_refusals: 0,
             extra_args: Vec::new(),
+            raft_timing: (HEARTBEAT_MS, ELECTION_MS),
             ip_in_serving_cert,
             behind_proxy: proxies.is_some(),
             dir: member_dir,
@@ -809,6 +824,10 @@ impl EtcdTestCluster {
             self.proxies.as_ref(),
             self.hidden_clients,
         )?;
+        // The cluster's raft timing, as its first members were started with.
+        if let Some(first) = self.members.first() {
+            member.raft_timing = first.raft_timing;
+        }
         let peer_url = member.peer_url();
         // A learner promoted since it was added (by infra_sim, or a test's own
         // MemberPromote) is a voter now: refresh the cached flags before
