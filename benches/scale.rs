@@ -33,6 +33,12 @@
 //! [--no-remediation] [--remediation-concurrency C]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
 //! its window with `perf record`).
+//!
+//! Heap profile: `K3SCP_BENCH_WRAP="heaptrack -o /tmp/scale"` starts every
+//! controller process under that command (split on whitespace); the /proc
+//! figures and the stop signal then go to the controller process itself. Its
+//! memory figures include the profiler's own overhead: use them only for the
+//! profile, not as the bench's RSS.
 
 mod common;
 
