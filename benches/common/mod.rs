@@ -139,7 +139,12 @@ async fn wrapped_process(wrapper: u32, binary: &str, limit: Duration) -> u32 {
         let mut i = 0;
         while i < descendants.len() {
             let parent = descendants[i];
-            descendants.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
+            descendants.extend(
+                parents
+                    .iter()
+                    .filter(|(_, p)| *p == parent)
+                    .map(|(c, _)| *c),
+            );
             i += 1;
         }
         if let Some(&pid) = descendants.iter().find(|&&pid| {
