@@ -31,14 +31,23 @@
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
 //! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...
-//! [--etcd-heartbeat-ms MS]`
+//! [--etcd-heartbeat-ms MS] [--workload-http]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
 //! its window with `perf record`; `--controller-arg`: passed to the
 //! remediation controller's `run`, e.g. `--controller-arg=--max-chained-steps=0`;
 //! `--etcd-heartbeat-ms`: the remediation world's etcd heartbeat, default 100,
 //! election timeout 15 times it: 165 members at 100 ms keep most of 2 cores
 //! busy while idle, which a real management cluster, whose workload etcd runs
-//! elsewhere, does not pay).
+//! elsewhere, does not pay); `--workload-http`: workload API servers on
+//! plain HTTP with no CA in their kubeconfigs, as this bench had them before;
+//! by default they speak mutual TLS as k3s does, with the cluster's server CA
+//! in the kubeconfig and an admin client certificate).
+//!
+//! Heap profile: `K3SCP_BENCH_WRAP="heaptrack -o /tmp/scale"` starts every
+//! controller process under that command (split on whitespace); the /proc
+//! figures and the stop signal then go to the controller process itself. Its
+//! memory figures include the profiler's own overhead: use them only for the
+//! profile, not as the bench's RSS.
 
 mod common;
 
@@ -120,6 +129,10 @@ struct CommonSecrets {
     ca: (String, String),
     cca: (String, String),
     token: String,
+    /// Serving certificate (from `ca`, for 127.0.0.1) and admin client
+    /// certificate (from `cca`) of every workload API server, which speaks
+    /// mutual TLS as k3s does; `None`: plain HTTP (`--workload-http`).
+    workload_tls: Option<((String, String), (String, String))>,
 }
 
 impl CommonSecrets {
@@ -134,12 +147,37 @@ impl CommonSecrets {
             k3s_control_plane::pki::CA_LIFETIME,
         )
         .expect("client CA");
+        let workload_tls = (!workload_http()).then(|| {
+            use k3s_control_plane::harness::pki::TestCa;
+            use rcgen::{ExtendedKeyUsagePurpose, SanType};
+            let server = TestCa::from_pem(&ca.cert_pem, &ca.key_pem).expect("server CA");
+            let client = TestCa::from_pem(&cca.cert_pem, &cca.key_pem).expect("client CA");
+            let serving = server.issue(
+                "k3s",
+                &[SanType::IpAddress(std::net::IpAddr::V4(
+                    std::net::Ipv4Addr::LOCALHOST,
+                ))],
+                &[ExtendedKeyUsagePurpose::ServerAuth],
+            );
+            let admin = client.issue("system:admin", &[], &[ExtendedKeyUsagePurpose::ClientAuth]);
+            (
+                (serving.cert_pem, serving.key_pem),
+                (admin.cert_pem, admin.key_pem),
+            )
+        });
         CommonSecrets {
             ca: (ca.cert_pem, ca.key_pem),
             cca: (cca.cert_pem, cca.key_pem),
             token: k3s_control_plane::pki::generate_token(),
+            workload_tls,
         }
     }
+}
+
+/// `--workload-http`: workload API servers on plain HTTP, as before they
+/// spoke TLS (a kubeconfig without a CA; not what Cluster API writes).
+fn workload_http() -> bool {
+    std::env::args().any(|a| a == "--workload-http")
 }
 
 fn cluster_name(i: usize) -> String {
@@ -167,11 +205,17 @@ async fn add_cluster(
 ) -> TestApiServer {
     let cluster = cluster_name(i);
     let kcp_name = format!("{cluster}-control-plane");
-    let workload = TestApiServer::builder()
-        .with_core_resources()
-        .start()
-        .await
-        .expect("workload API server");
+    let mut workload = TestApiServer::builder().with_core_resources();
+    if let Some((serving, admin)) = &common.workload_tls {
+        workload = workload.tls(k3s_control_plane::apiserver::ServerTls {
+            ca_pem: common.ca.0.clone(),
+            cert_pem: serving.0.clone(),
+            key_pem: serving.1.clone(),
+            client_ca_pem: Some(common.cca.0.clone()),
+            client_identity: Some(admin.clone()),
+        });
+    }
+    let workload = workload.start().await.expect("workload API server");
 
     let nodes: Api<Node> = Api::all(workload.client());
     for (j, (member, ip)) in etcd.members.iter().enumerate() {
@@ -1409,6 +1453,7 @@ fn options() -> Options {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
             }
             "--no-remediation" => o.remediation = false,
+            "--workload-http" => {} // read by `workload_http`
             "--etcd-heartbeat-ms" => o.heartbeat_ms = value("--etcd-heartbeat-ms") as u32,
             "--controller-arg" => o
                 .controller_args

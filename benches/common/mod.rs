@@ -106,6 +106,60 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
     Ok((code, body))
 }
 
+/// `K3SCP_BENCH_WRAP`: a command line the controller binary is started under
+/// (e.g. `heaptrack -o /tmp/scale`), split on whitespace; unset or empty: none.
+pub const WRAP_ENV: &str = "K3SCP_BENCH_WRAP";
+
+fn profiler_wrapper() -> Vec<String> {
+    std::env::var(WRAP_ENV)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The descendant of `wrapper` that runs `binary` (a profiler such as
+/// heaptrack starts it as a child of its own shell).
+async fn wrapped_process(wrapper: u32, binary: &str, limit: Duration) -> u32 {
+    let binary = std::fs::canonicalize(binary).expect("controller binary path");
+    let deadline = Instant::now() + limit;
+    loop {
+        let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let after = &stat[stat.rfind(')')? + 2..];
+                let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+                Some((pid, ppid))
+            })
+            .collect();
+        let mut descendants = vec![wrapper];
+        let mut i = 0;
+        while i < descendants.len() {
+            let parent = descendants[i];
+            descendants.extend(
+                parents
+                    .iter()
+                    .filter(|(_, p)| *p == parent)
+                    .map(|(c, _)| *c),
+            );
+            i += 1;
+        }
+        if let Some(&pid) = descendants.iter().find(|&&pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == binary)
+        }) {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{binary:?} not started under {WRAP_ENV} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `k3s-control-plane run` against a management API server, in its own process.
 pub struct ControllerProcess {
     child: tokio::process::Child,
@@ -113,6 +167,8 @@ pub struct ControllerProcess {
     pub probes: String,
     _dir: tempfile::TempDir,
     log: std::path::PathBuf,
+    /// Started under [`WRAP_ENV`]: `child` is the wrapper, `pid` the controller.
+    wrapped: bool,
 }
 
 impl ControllerProcess {
@@ -137,7 +193,17 @@ impl ControllerProcess {
             .to_string();
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_k3s-control-plane"))
+        let binary = env!("CARGO_BIN_EXE_k3s-control-plane");
+        let wrapper = profiler_wrapper();
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(wrapper_args).arg(binary);
+                command
+            }
+            None => tokio::process::Command::new(binary),
+        };
+        let child = command
             .arg("run")
             .arg("--kubeconfig")
             .arg(&path)
@@ -150,13 +216,18 @@ impl ControllerProcess {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn k3s-control-plane run");
-        let pid = child.id().expect("child pid");
+        let mut pid = child.id().expect("child pid");
+        if !wrapper.is_empty() {
+            // /proc figures and signals are the controller's, not the wrapper's.
+            pid = wrapped_process(pid, binary, ready_limit).await;
+        }
         let process = ControllerProcess {
             child,
             pid,
             probes,
             _dir: dir,
             log,
+            wrapped: !wrapper.is_empty(),
         };
         process.wait_ready(ready_limit).await;
         process
@@ -234,7 +305,9 @@ impl ControllerProcess {
     pub async fn stop(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+        // A wrapper (profiler) may still be writing its output after the exit.
+        let grace = Duration::from_secs(if self.wrapped { 300 } else { 10 });
+        if tokio::time::timeout(grace, self.child.wait())
             .await
             .is_err()
         {

@@ -116,10 +116,11 @@ impl WorkloadAccess {
             })?;
         let config = kubeconfig_from_secret(kubeconfig).await?;
         let etcd = etcd_access_from_secret(secrets.etcd.as_ref())?;
-        let client = Client::try_from(config).map_err(|source| Error::BuildClient {
-            secret: secret_ref(kubeconfig),
-            source,
-        })?;
+        let client =
+            super::client::workload_client(config).map_err(|source| Error::BuildClient {
+                secret: secret_ref(kubeconfig),
+                source,
+            })?;
         Ok(Self {
             key: key.clone(),
             client,

@@ -11,6 +11,7 @@
 //! and rebuilds it only when a Secret's uid or resourceVersion changes.
 
 pub mod cache;
+pub mod client;
 pub mod error;
 pub mod nodes;
 pub mod portforward;
