@@ -78,7 +78,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
-use common::{ControllerProcess, clock_ticks_per_second, established_to_port, mib};
+use common::{ControllerProcess, clock_ticks_per_second, established, established_to_port, mib};
 
 /// Shared etcd clusters behind the fleet (the harness runs at most 3 per process).
 const ETCD_CLUSTERS: usize = 3;
@@ -503,6 +503,10 @@ struct Window {
     /// Connections to etcd seen during the window (1 s samples) that were not
     /// there at its start.
     etcd_new: usize,
+    /// The other connections (workload and management API servers) at the
+    /// window's start, and those seen during it that were not there then.
+    other_at_start: usize,
+    other_new: usize,
     /// etcd operations by name (k3scp_etcd_operation_duration_seconds_count).
     etcd_operations: BTreeMap<String, f64>,
     memory_end: (u64, u64),
@@ -529,14 +533,23 @@ async fn idle_window(
     let (m0, w0) = (management.request_counts(), sum_counts(workloads));
     let ticks0 = process.cpu_ticks();
     let started = Instant::now();
-    let mut seen: HashSet<(String, String)> = conns0.clone();
-    let mut new = 0;
+    // Every connection, not only etcd's: one to a workload or the
+    // management API server that was not there before is a new handshake too.
+    let mut seen: HashSet<(String, String)> = established(process.pid);
+    let others_at_start = seen.len() - conns0.len();
+    let etcd_port = format!(":{ETCD_CLIENT_PORT:04X}");
+    let (mut new, mut other_new) = (0, 0);
     while started.elapsed() < length {
         tokio::time::sleep(Duration::from_secs(1).min(length - started.elapsed().min(length)))
             .await;
-        for c in established_to_port(process.pid, ETCD_CLIENT_PORT) {
+        for c in established(process.pid) {
+            let to_etcd = c.1.ends_with(&etcd_port);
             if seen.insert(c) {
-                new += 1;
+                if to_etcd {
+                    new += 1;
+                } else {
+                    other_new += 1;
+                }
             }
         }
     }
@@ -565,6 +578,8 @@ async fn idle_window(
         etcd_at_start: conns0.len(),
         etcd_at_end: conns1.len(),
         etcd_new: new,
+        other_at_start: others_at_start,
+        other_new,
         etcd_operations,
         memory_end: process.memory(),
     }
@@ -1273,7 +1288,7 @@ fn print_fleet(runs: &[FleetRun], ticks: u64) {
     for r in runs {
         let w = &r.window;
         println!(
-            "N={}: window {:.1} s{}; {} reconciles and {:.1} s of controller CPU until all had a status; watched objects {:.1} KiB JSON per CP; management requests: [{}]; workload: [{}]; etcd operations: {:?}",
+            "N={}: window {:.1} s{}; other TCP connections (workload and management API servers) {} at the start, {} new in the window; {} reconciles and {:.1} s of controller CPU until all had a status; watched objects {:.1} KiB JSON per CP; management requests: [{}]; workload: [{}]; etcd operations: {:?}",
             label(r),
             w.seconds,
             if r.quiet {
@@ -1281,6 +1296,8 @@ fn print_fleet(runs: &[FleetRun], ticks: u64) {
             } else {
                 " (NOT quiet: other builds ran)"
             },
+            w.other_at_start,
+            w.other_new,
             r.reconciles_to_status,
             r.cpu_to_status as f64 / ticks as f64,
             r.cached_json as f64 / 1024.0 / r.n.max(1) as f64,

@@ -56,6 +56,16 @@ pub fn clock_ticks_per_second() -> u64 {
 /// The established TCP connections of `pid` to remote `port`: (local, remote)
 /// address pairs, from /proc/<pid>/net/tcp filtered by the process's socket inodes.
 pub fn established_to_port(pid: u32, port: u16) -> HashSet<(String, String)> {
+    let port_hex = format!(":{port:04X}");
+    established(pid)
+        .into_iter()
+        .filter(|(_, remote)| remote.ends_with(&port_hex))
+        .collect()
+}
+
+/// Every established TCP connection of `pid`: (local, remote) address pairs
+/// as /proc writes them (hex `addr:PORT`).
+pub fn established(pid: u32) -> HashSet<(String, String)> {
     let mut inodes = HashSet::new();
     if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
         for fd in fds.flatten() {
@@ -69,7 +79,6 @@ pub fn established_to_port(pid: u32, port: u16) -> HashSet<(String, String)> {
             }
         }
     }
-    let port_hex = format!(":{port:04X}");
     let mut out = HashSet::new();
     for table in ["tcp", "tcp6"] {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
@@ -78,7 +87,7 @@ pub fn established_to_port(pid: u32, port: u16) -> HashSet<(String, String)> {
         for line in text.lines().skip(1) {
             let f: Vec<&str> = line.split_whitespace().collect();
             // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-            if f.len() > 9 && f[3] == "01" && f[2].ends_with(&port_hex) && inodes.contains(f[9]) {
+            if f.len() > 9 && f[3] == "01" && inodes.contains(f[9]) {
                 out.insert((f[1].to_string(), f[2].to_string()));
             }
         }
