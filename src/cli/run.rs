@@ -73,9 +73,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub secret_refresh: Duration,
     /// Removal steps (of a remediation or scale-down) one reconcile takes
-    /// back to back. Each is decided on a fresh read once the one before it
-    /// has landed; the object goes back to the queue after this many, or at
-    /// the first step that has to wait. `0`: one step per reconcile.
+    /// back to back after its first. Each is decided on a fresh read once the
+    /// one before it has landed; the object goes back to the queue after this
+    /// many, at the first step that has to wait, or when that removal is
+    /// over. `0`: one step per reconcile.
     #[arg(long, default_value_t = 8)]
     pub max_chained_steps: u32,
     /// Log level of the controller's own messages: error, warn, info, debug

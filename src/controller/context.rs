@@ -45,7 +45,8 @@ pub struct Settings {
     /// reconcile about to act reads them again whatever this says.
     pub secret_refresh: Duration,
     /// `run --max-chained-steps`: removal steps one reconcile takes back to
-    /// back, each on a fresh read (zero: one step per reconcile).
+    /// back after its first, each on a fresh read (zero: one step per
+    /// reconcile).
     pub max_chained_steps: u32,
 }
 
