@@ -58,13 +58,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
     let read = if ctx.kcp_writes.cache_is_current(cached) {
         Some(cached.clone())
     } else {
-        let fresh = kcps
-            .get_opt(&cached.name_any())
-            .await
-            .map_err(|source| Error::Observe {
-                context: format!("get KThreesControlPlane {namespace}/{}", cached.name_any()),
-                source,
-            })?;
+        let fresh = get_kcp(&kcps, cached).await?;
         if let Some(fresh) = &fresh
             && fresh.resource_version() == cached.resource_version()
         {
@@ -112,17 +106,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
                 // our own write yet), and decide the next step on that.
                 chained += 1;
                 ctx.metrics.chained_steps.inc();
-                let Some(fresh) =
-                    kcps.get_opt(&current.name_any())
-                        .await
-                        .map_err(|source| Error::Observe {
-                            context: format!(
-                                "get KThreesControlPlane {namespace}/{}",
-                                current.name_any()
-                            ),
-                            source,
-                        })?
-                else {
+                let Some(fresh) = get_kcp(&kcps, &current).await? else {
                     // Deleted meanwhile: the next reconcile finds it gone.
                     return Ok(Requeue::requeue(Duration::from_millis(200)));
                 };
@@ -131,6 +115,23 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             }
         }
     }
+}
+
+/// `kcp` as the API server has it now (`None`: gone).
+async fn get_kcp(
+    kcps: &Api<KThreesControlPlane>,
+    kcp: &KThreesControlPlane,
+) -> Result<Option<KThreesControlPlane>> {
+    kcps.get_opt(&kcp.name_any())
+        .await
+        .map_err(|source| Error::Observe {
+            context: format!(
+                "get KThreesControlPlane {}/{}",
+                kcp.namespace().unwrap_or_default(),
+                kcp.name_any()
+            ),
+            source,
+        })
 }
 
 /// How one pass of decide-and-act ended.
