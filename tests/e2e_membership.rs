@@ -155,6 +155,85 @@ async fn scale_down_with_chained_steps_still_removes_one_member_per_reconcile() 
     scale_down_from_three_to_one(fast_settings()).await;
 }
 
+/// A chained pass after a step that touched only management objects decides
+/// on the Nodes and etcd snapshot of the pass before, and on the Secrets this
+/// reconcile already read; a leadership move is still decided on a snapshot
+/// of its own. One reconcile, at most one chained step: the hook (pass 1,
+/// everything read), then the leadership move (pass 2: decided on pass 1's
+/// snapshot, so the workload cluster and etcd are read again before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_pass_reuses_the_last_snapshot_but_moves_leadership_on_its_own() {
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let before = snapshot(&sandbox, &admin).await;
+    let leader = sandbox.etcd.index_of(before.leader.unwrap()).unwrap();
+    let target = sandbox.machines[leader].clone();
+    annotate_machine(&sandbox, &target, json!({DELETE_MACHINE_ANNOTATION: ""})).await;
+    patch_kcp_spec(&sandbox, json!({"replicas": 1})).await;
+    let ctx = controller_context(
+        sandbox.client(),
+        Settings {
+            max_chained_steps: 1,
+            ..fast_settings()
+        },
+    );
+    let node_lists = || {
+        sandbox
+            .workload
+            .request_counts()
+            .get(&("list".to_string(), "nodes".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let secret_gets = || {
+        sandbox
+            .management
+            .request_counts()
+            .get(&("get".to_string(), "secrets".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let (lists, gets) = (node_lists(), secret_gets());
+
+    reconcile(Arc::new(kcp(&sandbox).await), ctx.clone())
+        .await
+        .unwrap();
+
+    let hooked = machines(&sandbox)
+        .await
+        .into_iter()
+        .find(|m| m.name_any() == target)
+        .unwrap();
+    assert!(
+        hooked
+            .annotations()
+            .contains_key(PRE_TERMINATE_HOOK_ANNOTATION),
+        "pass 1 adds the hook"
+    );
+    assert!(!hooked.is_deleting(), "the chain stops after one more step");
+    let after = snapshot(&sandbox, &admin).await;
+    assert_ne!(
+        after.leader, before.leader,
+        "pass 2 moves leadership off {target}"
+    );
+    assert_eq!(
+        ctx.metrics.reused_workload_observations.get(),
+        1,
+        "pass 2 first decides on pass 1's observation"
+    );
+    assert_eq!(
+        node_lists() - lists,
+        2,
+        "the workload cluster is read by pass 1 and again before the move"
+    );
+    assert_eq!(
+        secret_gets() - gets,
+        5,
+        "the five cluster Secrets are read once per reconcile"
+    );
+}
+
 async fn scale_down_from_three_to_one(settings: Settings) {
     init_logs();
     let one_step = settings.max_chained_steps == 0;

@@ -37,6 +37,13 @@ pub enum Source {
     Caches,
     /// The API server, always (and the Secret cache is refreshed).
     Api,
+    /// A pass chained after a removal step of the same reconcile: the
+    /// Cluster and Machines from the API server (the watch caches have not
+    /// seen that step yet), the Secrets from the Secret cache. Before its
+    /// first step the reconcile read them from the API server or confirmed
+    /// the cached ones against it, and no removal step writes a Secret; a
+    /// missing entry is read.
+    Chained,
 }
 
 /// Drop what no decision reads and every watched object would carry: the

@@ -55,6 +55,9 @@ pub struct Metrics {
     /// Removal steps decided within the reconcile of the step before them,
     /// on a fresh read, instead of after a trip through the work queue.
     pub chained_steps: Counter,
+    /// Chained passes that decided on the workload cluster and etcd as the
+    /// pass before observed them (its step touched neither).
+    pub reused_workload_observations: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
@@ -79,6 +82,7 @@ impl Metrics {
             reconciles: Counter::default(),
             stale_cache_decisions: Counter::default(),
             chained_steps: Counter::default(),
+            reused_workload_observations: Counter::default(),
             errors: Family::default(),
             remediations: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
@@ -106,6 +110,11 @@ impl Metrics {
             "chained_steps",
             "Removal steps decided and taken right after the step before them, in the same reconcile, on a fresh read",
             metrics.chained_steps.clone(),
+        );
+        sub.register(
+            "reused_workload_observations",
+            "Chained passes that decided on the Nodes and etcd snapshot of the pass before, whose step touched neither",
+            metrics.reused_workload_observations.clone(),
         );
         sub.register(
             "reconcile_errors",

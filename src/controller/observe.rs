@@ -260,7 +260,7 @@ pub async fn observe_management(
     };
     let caches = match source {
         Source::Caches => ctx.caches().filter(|c| c.ready()),
-        Source::Api => None,
+        Source::Api | Source::Chained => None,
     };
     let mut from_caches = false;
     // An object absent from a cache is read: absence is never taken on trust.
@@ -291,12 +291,13 @@ pub async fn observe_management(
         None => list_cluster_machines(&ctx.client, &kcp, &cluster_name).await?,
     };
     let cached_secrets = match source {
-        Source::Caches => ctx.secrets.get(&namespace, &cluster_name),
+        Source::Caches | Source::Chained => ctx.secrets.get(&namespace, &cluster_name),
         Source::Api => None,
     };
     let objects = match cached_secrets {
         Some(objects) => {
-            from_caches = true;
+            // A chained pass's Secrets were confirmed by this reconcile.
+            from_caches |= source == Source::Caches;
             objects
         }
         None => {
@@ -344,6 +345,52 @@ pub async fn observe_management(
             from_caches,
         },
     ))
+}
+
+/// The workload side of one observation: the control-plane Nodes, the etcd
+/// membership, how etcd was reached, and the pooled etcd handle. A pass
+/// chained after a step that touched only management objects decides on the
+/// previous pass's, instead of reading the workload cluster and etcd again.
+pub struct WorkloadObservation {
+    workload: WorkloadState,
+    etcd: EtcdObservation,
+    etcd_transport: Option<String>,
+    members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
+    handle: Option<Arc<EtcdCluster>>,
+}
+
+impl WorkloadObservation {
+    /// The workload side of `world`, as observed with `handle`.
+    pub fn of(world: World, handle: Option<Arc<EtcdCluster>>) -> Self {
+        WorkloadObservation {
+            workload: world.workload,
+            etcd: world.etcd,
+            etcd_transport: world.etcd_transport,
+            members_first_seen: world.members_first_seen,
+            handle,
+        }
+    }
+
+    /// Put it into `world` (a fresh management observation); the handle back.
+    pub fn restore(self, world: &mut World) -> Option<Arc<EtcdCluster>> {
+        world.workload = self.workload;
+        world.etcd = self.etcd;
+        world.etcd_transport = self.etcd_transport;
+        world.members_first_seen = self.members_first_seen;
+        self.handle
+    }
+
+    /// Take the workload side out of `world`, leaving it "not read".
+    pub fn forget(world: &mut World) {
+        world.workload = WorkloadState::Unavailable {
+            reason: NOT_READ.into(),
+        };
+        world.etcd = EtcdObservation::Unreachable {
+            reason: NOT_READ.into(),
+        };
+        world.etcd_transport = None;
+        world.members_first_seen = Default::default();
+    }
 }
 
 /// Read the workload cluster (its control-plane Nodes, through the

@@ -5,6 +5,13 @@
 //! and it landed, the pipeline runs again at once on a fresh read, up to
 //! `Settings::max_chained_steps` times: each step is still decided on its own
 //! observation, but a removal does not wait in the work queue between steps.
+//!
+//! What a chained pass reads again: the KThreesControlPlane, Cluster and
+//! Machines always (from the API server). The workload cluster's Nodes and the
+//! etcd membership only when the step before touched etcd, or when the pass is
+//! about to: a step that changes etcd or its membership (a leadership move, a
+//! member removal, a replacement that will join) is always decided on an etcd
+//! snapshot of its own pass.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +29,7 @@ use super::caches::Source;
 use super::context::Context;
 use super::create::ensure_template_owner;
 use super::error::{Error, Result};
-use super::observe::{ManagementRead, observe_management, observe_workload};
+use super::observe::{ManagementRead, WorkloadObservation, observe_management, observe_workload};
 use super::plan::{Action, Refusal, plan};
 use super::status::{
     kcp_status, machine_conditions, write_kcp_status, write_kcp_status_after,
@@ -32,6 +39,7 @@ use super::sync_machines::sync_machines;
 use super::view::lifecycle_view;
 use super::world::World;
 use crate::lifecycle::{DeletionStep, Lifecycle, decide as decide_lifecycle, plan_secrets};
+use crate::remediation::steps::Step;
 
 #[instrument(skip_all, fields(kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()), cluster, rule))]
 pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Result<Requeue> {
@@ -81,10 +89,19 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
     let mut chained = 0;
     // The removal whose step landed last in this reconcile, if any.
     let mut continuing: Option<String> = None;
+    // The workload side the last pass decided on, when its step left it as is.
+    let mut previous: Option<WorkloadObservation> = None;
     loop {
         // Boxed: the pass is a large future, and a reconcile awaited on a
         // small stack (a test's thread) must not hold it inline.
-        let pass = decide_and_act(ctx, &kcps, &current, observed, continuing.as_deref());
+        let pass = decide_and_act(
+            ctx,
+            &kcps,
+            &current,
+            observed,
+            continuing.as_deref(),
+            previous.take(),
+        );
         // A chained pass logs under its own span, with its own rule.
         let span = if chained == 0 {
             tracing::Span::current()
@@ -93,17 +110,21 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         };
         match Box::pin(pass.instrument(span)).await? {
             Pass::Done(requeue) => return Ok(requeue),
-            // What the caches held was behind: decide again on what was read.
+            // What the pass decided on was behind: decide again on what was
+            // read, and on a fresh workload observation.
             Pass::Stale(fresh) => observed = *fresh,
             // The bound keeps one removal from holding a worker indefinitely.
             Pass::Stepped { requeue, .. } if chained >= ctx.settings.max_chained_steps => {
                 return Ok(requeue);
             }
-            Pass::Stepped { machine, .. } => {
+            Pass::Stepped {
+                machine, workload, ..
+            } => {
                 continuing = Some(machine);
+                previous = workload.map(|w| *w);
                 // The step's effect is observable now: look again at once,
-                // everything from the API server (the caches have not seen
-                // our own write yet), and decide the next step on that.
+                // from the API server (the caches have not seen our own write
+                // yet), and decide the next step on that.
                 chained += 1;
                 ctx.metrics.chained_steps.inc();
                 let Some(fresh) = get_kcp(&kcps, &current).await? else {
@@ -111,7 +132,8 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
                     return Ok(Requeue::requeue(Duration::from_millis(200)));
                 };
                 current = fresh;
-                observed = Box::pin(observe_management(ctx, current.clone(), Source::Api)).await?;
+                observed =
+                    Box::pin(observe_management(ctx, current.clone(), Source::Chained)).await?;
             }
         }
     }
@@ -138,12 +160,17 @@ async fn get_kcp(
 enum Pass {
     Done(Requeue),
     /// A step of the removal of `machine` was carried out; `requeue` is what
-    /// to do if no further pass follows in this reconcile.
+    /// to do if no further pass follows in this reconcile. `workload` is what
+    /// the pass observed of the workload cluster and etcd, when the step did
+    /// not touch them.
     Stepped {
         requeue: Requeue,
         machine: String,
+        workload: Option<Box<WorkloadObservation>>,
     },
-    /// About to act on cached objects, a fresh read found them changed.
+    /// About to act on what it decided on, the pass found it behind: the
+    /// cached management objects (a fresh read differs), or the previous
+    /// pass's etcd snapshot under a step that needs one of its own.
     Stale(Box<(World, ManagementRead)>),
 }
 
@@ -175,12 +202,16 @@ async fn fresh_if_changed(
 /// removal a step of this reconcile carried on: such a pass only takes the
 /// next step of that removal (or waits, or idles); any other action is left
 /// to the next reconcile, so a chain never starts a second removal.
+/// `previous` is the workload side the pass before decided on, if its step
+/// left it as it was: decided on again, unless the step now due needs an etcd
+/// snapshot of its own.
 async fn decide_and_act(
     ctx: &Context,
     kcps: &Api<KThreesControlPlane>,
     kcp: &KThreesControlPlane,
     (mut world, read): (World, ManagementRead),
     continuing: Option<&str>,
+    previous: Option<WorkloadObservation>,
 ) -> Result<Pass> {
     let chain_ends = || Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))));
     // Without a Cluster nothing can be set up; a deleted one still goes.
@@ -202,16 +233,23 @@ async fn decide_and_act(
         }
         ensure_template_owner(ctx, &world).await?;
     }
-    let etcd = match observe_workload(ctx, &mut world, &read.secrets).await {
-        Ok(etcd) => etcd,
-        Err(err) => {
-            // Nothing current is known of its etcd.
-            world.etcd = super::world::EtcdObservation::Unreachable {
-                reason: err.to_string(),
-            };
-            record_etcd_quorum(ctx, &world);
-            return Err(err);
+    let reused = previous.is_some();
+    let etcd = match previous {
+        Some(previous) => {
+            ctx.metrics.reused_workload_observations.inc();
+            previous.restore(&mut world)
         }
+        None => match observe_workload(ctx, &mut world, &read.secrets).await {
+            Ok(etcd) => etcd,
+            Err(err) => {
+                // Nothing current is known of its etcd.
+                world.etcd = super::world::EtcdObservation::Unreachable {
+                    reason: err.to_string(),
+                };
+                record_etcd_quorum(ctx, &world);
+                return Err(err);
+            }
+        },
     };
     record_etcd_quorum(ctx, &world);
     let planned = plan(&world);
@@ -220,6 +258,14 @@ async fn decide_and_act(
         && !matches!(&plan.action, Action::Step { removal, .. } if removal.machine == machine)
     {
         return chain_ends();
+    }
+    if reused
+        && let Ok(plan) = &planned
+        && changes_etcd(&plan.action)
+    {
+        // Decided on the pass before's snapshot: take one of its own first.
+        WorkloadObservation::forget(&mut world);
+        return Ok(Pass::Stale(Box::new((world, read))));
     }
     if let Ok(plan) = &planned
         && action_acts(&plan.action)
@@ -290,6 +336,7 @@ async fn act_on_plan(
     for updated in sync_machines(ctx, &world).await? {
         world.replace_machine(updated);
     }
+    let handle = etcd.clone();
     let outcome = match act(ctx, &world, &plan, etcd).await {
         Ok(outcome) => outcome,
         Err(err) => {
@@ -336,10 +383,16 @@ async fn act_on_plan(
             Ok(Pass::Done(Requeue::requeue(ctx.settings.wait_requeue)))
         }
         Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
-        Action::Step { removal, .. } => Ok(Pass::Stepped {
-            requeue: Requeue::requeue(Duration::from_millis(200)),
-            machine: removal.machine.clone(),
-        }),
+        Action::Step { removal, .. } => {
+            let machine = removal.machine.clone();
+            let workload = (!changes_etcd(&plan.action))
+                .then(|| Box::new(WorkloadObservation::of(world, handle)));
+            Ok(Pass::Stepped {
+                requeue: Requeue::requeue(Duration::from_millis(200)),
+                machine,
+                workload,
+            })
+        }
         Action::CreateMachine | Action::RemoveOrphan { .. } => {
             Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
@@ -410,6 +463,22 @@ async fn settle_lifecycle(
     })
 }
 
+/// Whether `action` changes etcd or its membership (a leadership move, a
+/// member removal, a Machine that will join): such an action is decided on an
+/// etcd snapshot taken in its own pass, never on an earlier pass's.
+fn changes_etcd(action: &Action) -> bool {
+    match action {
+        Action::Step { step, .. } => matches!(
+            step,
+            Step::MoveLeadership { .. }
+                | Step::RemoveMember { .. }
+                | Step::CreateReplacement { .. }
+        ),
+        Action::RemoveOrphan { .. } | Action::CreateMachine => true,
+        Action::Wait | Action::Idle => false,
+    }
+}
+
 /// Whether carrying out `action` writes more than status and conditions.
 fn action_acts(action: &Action) -> bool {
     matches!(
@@ -477,4 +546,90 @@ pub fn error_policy(kcp: Arc<KThreesControlPlane>, error: &Error, ctx: Arc<Conte
     ctx.metrics.error(error.stage());
     warn!(kcp = %key, stage = error.stage(), %error, retry_in = ?delay, "reconcile failed");
     Requeue::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remediation::steps::{Removal, RemovalKind, WaitReason};
+
+    fn step(step: Step) -> Action {
+        Action::Step {
+            removal: Removal {
+                machine: "cp-0".into(),
+                kind: RemovalKind::ScaleDown,
+            },
+            step,
+        }
+    }
+
+    /// Which actions need an etcd snapshot of their own pass, and which may be
+    /// decided on the snapshot of the pass before (after a management step).
+    #[test]
+    fn steps_that_change_etcd_or_its_membership_need_a_snapshot_of_their_own() {
+        let assessment = crate::quorum::assess_cluster(&[]);
+        let cases = [
+            (step(Step::MoveLeadership { from: 1, to: 2 }), true),
+            (
+                step(Step::RemoveMember {
+                    member: 1,
+                    via: 2,
+                    assessment: assessment.clone(),
+                }),
+                true,
+            ),
+            (
+                step(Step::CreateReplacement {
+                    remediation_for: crate::remediation::model::RemediationData {
+                        machine: "cp-0".into(),
+                        timestamp: None,
+                        retry_count: 0,
+                    },
+                }),
+                true,
+            ),
+            (
+                Action::RemoveOrphan {
+                    member: 1,
+                    label: "m1".into(),
+                    kind: "ghost",
+                    assessment,
+                },
+                true,
+            ),
+            (Action::CreateMachine, true),
+            (
+                step(Step::AddHook {
+                    machine: "cp-0".into(),
+                    member: Some(1),
+                }),
+                false,
+            ),
+            (
+                step(Step::DeleteMachine {
+                    machine: "cp-0".into(),
+                }),
+                false,
+            ),
+            (
+                step(Step::ReleaseHook {
+                    machine: "cp-0".into(),
+                }),
+                false,
+            ),
+            (step(Step::ClearRemediationInProgress), false),
+            (
+                step(Step::Wait {
+                    reason: WaitReason::Drain,
+                    message: String::new(),
+                }),
+                false,
+            ),
+            (Action::Wait, false),
+            (Action::Idle, false),
+        ];
+        for (action, expected) in cases {
+            assert_eq!(changes_etcd(&action), expected, "{action:?}");
+        }
+    }
 }
