@@ -910,6 +910,8 @@ fn metric_diff(
                 || k.starts_with("k3scp_etcd_operation_duration_seconds_sum")
                 || k.starts_with("k3scp_reconcile_duration_seconds_count")
                 || k.starts_with("k3scp_reconcile_duration_seconds_sum")
+                || k.starts_with("k3scp_chained_steps_total")
+                || k.starts_with("k3scp_reused_workload_observations_total")
         })
         .filter_map(|(k, v)| {
             let d = v - before.get(k).copied().unwrap_or(0.0);

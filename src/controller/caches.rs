@@ -122,18 +122,26 @@ impl SecretCache {
             .map(|(_, objects)| objects.clone())
     }
 
-    /// Remember what was just read.
-    pub fn put(&self, namespace: &str, cluster: &str, objects: &ClusterSecretObjects) {
+    /// Remember what was just read; the objects to use from now on. When every
+    /// Secret is at the version already cached, that is the cached entry (its
+    /// content was already checked), refreshed.
+    pub fn put(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        objects: ClusterSecretObjects,
+    ) -> ClusterSecretObjects {
         if self.ttl.is_zero() {
-            return;
+            return objects;
         }
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                Self::key(namespace, cluster),
-                (Instant::now(), objects.clone()),
-            );
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let key = Self::key(namespace, cluster);
+        let kept = match entries.remove(&key) {
+            Some((_, cached)) if cached.same_versions(&objects) => cached,
+            _ => objects,
+        };
+        entries.insert(key, (Instant::now(), kept.clone()));
+        kept
     }
 
     /// Forget the cluster's Secrets (we wrote one, or the cluster is gone).
@@ -220,10 +228,43 @@ mod tests {
         }
     }
 
+    /// A read that finds every Secret at the cached version keeps the cached
+    /// objects, and with them what was worked out of their content; a new
+    /// version replaces them.
+    #[test]
+    fn a_read_of_the_same_versions_keeps_the_cached_objects() {
+        let cache = SecretCache::new(Duration::from_secs(60));
+        let first = cache.put("ns", "c1", objects("1"));
+        let again = cache.put("ns", "c1", objects("1"));
+        assert!(std::sync::Arc::ptr_eq(&first.parsed, &again.parsed));
+        let served = cache.get("ns", "c1").unwrap();
+        assert!(std::sync::Arc::ptr_eq(&first.parsed, &served.parsed));
+        let changed = cache.put("ns", "c1", objects("2"));
+        assert!(!std::sync::Arc::ptr_eq(&first.parsed, &changed.parsed));
+        assert_eq!(
+            changed
+                .etcd_ca
+                .as_ref()
+                .unwrap()
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("2")
+        );
+        // Objects without versions are never taken for the cached ones.
+        let unversioned = || ClusterSecretObjects {
+            etcd_ca: Some(Secret::default()),
+            ..Default::default()
+        };
+        let kept = cache.put("ns", "c2", unversioned());
+        let again = cache.put("ns", "c2", unversioned());
+        assert!(!std::sync::Arc::ptr_eq(&kept.parsed, &again.parsed));
+    }
+
     #[test]
     fn a_zero_refresh_never_serves_from_the_cache() {
         let cache = SecretCache::new(Duration::ZERO);
-        cache.put("ns", "c1", &objects("1"));
+        cache.put("ns", "c1", objects("1"));
         assert!(cache.get("ns", "c1").is_none());
         assert!(cache.is_empty());
     }
@@ -232,7 +273,7 @@ mod tests {
     fn the_secrets_are_served_until_the_refresh_period_or_an_invalidation() {
         let cache = SecretCache::new(Duration::from_millis(200));
         assert!(cache.get("ns", "c1").is_none(), "nothing read yet");
-        cache.put("ns", "c1", &objects("1"));
+        cache.put("ns", "c1", objects("1"));
         let served = cache.get("ns", "c1").expect("fresh entry");
         assert_eq!(
             served.etcd_ca.and_then(|s| s.metadata.resource_version),
@@ -241,7 +282,7 @@ mod tests {
         assert!(cache.get("ns", "c2").is_none(), "per cluster");
         cache.invalidate("ns", "c1");
         assert!(cache.get("ns", "c1").is_none(), "invalidated");
-        cache.put("ns", "c1", &objects("2"));
+        cache.put("ns", "c1", objects("2"));
         std::thread::sleep(Duration::from_millis(250));
         assert!(cache.get("ns", "c1").is_none(), "past the refresh period");
     }

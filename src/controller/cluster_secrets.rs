@@ -6,6 +6,7 @@
 //! ever updated, guarded by its resourceVersion.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Secret;
@@ -26,6 +27,9 @@ use super::error::{Error, Result};
 const TOKEN_KEY: &str = TOKEN_SECRET_KEY;
 
 /// The five Secrets as read (`None` = not found). Never logged: no `Debug`.
+/// Built once per read and not changed after: what their content says is
+/// worked out on first use and shared by every clone (the Secret cache hands
+/// out clones to each reconcile until the Secrets are read again).
 #[derive(Clone, Default)]
 pub struct ClusterSecretObjects {
     pub server_ca: Option<Secret>,
@@ -33,6 +37,32 @@ pub struct ClusterSecretObjects {
     pub etcd_ca: Option<Secret>,
     pub token: Option<Secret>,
     pub kubeconfig: Option<Secret>,
+    pub(super) parsed: Arc<Parsed>,
+}
+
+/// What the Secrets' content says, each part worked out at most once per
+/// read: checking a CA parses its certificate and its key (and derives the
+/// key's public half to compare), and a kubeconfig is YAML parsed twice.
+#[derive(Default)]
+pub(super) struct Parsed {
+    /// Per [`CaPurpose`], in declaration order: usable, or why not.
+    cas: [OnceLock<std::result::Result<(), String>>; 3],
+    kubeconfig: OnceLock<KubeconfigContent>,
+}
+
+/// A kubeconfig Secret's text, read: where it points, when its client
+/// certificate expires (each, or the error naming the field).
+struct KubeconfigContent {
+    server: std::result::Result<String, String>,
+    client_not_after: std::result::Result<DateTime<Utc>, String>,
+}
+
+fn purpose_index(purpose: CaPurpose) -> usize {
+    match purpose {
+        CaPurpose::Server => 0,
+        CaPurpose::Client => 1,
+        CaPurpose::Etcd => 2,
+    }
 }
 
 impl ClusterSecretObjects {
@@ -50,6 +80,53 @@ impl ClusterSecretObjects {
             etcd_ca: get(CaPurpose::Etcd.secret_name(cluster)).await?,
             token: get(format!("{cluster}{TOKEN_SECRET_SUFFIX}")).await?,
             kubeconfig: get(format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")).await?,
+            parsed: Arc::default(),
+        })
+    }
+
+    /// Whether the CA Secret of `purpose` holds a CA certificate and its key
+    /// (`Err`: why not); `None` when the Secret was not found.
+    pub fn ca_validity(&self, purpose: CaPurpose) -> Option<std::result::Result<(), &str>> {
+        let secret = self.ca(purpose)?;
+        let checked = self.parsed.cas[purpose_index(purpose)].get_or_init(|| {
+            etcd_access_from_secret(Some(secret))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        Some(checked.as_ref().map(|_| ()).map_err(String::as_str))
+    }
+
+    /// Whether `other` holds the same five Secrets at the same versions (uid
+    /// and resourceVersion; both absent counts as the same, a Secret without
+    /// either never does).
+    pub fn same_versions(&self, other: &ClusterSecretObjects) -> bool {
+        let version = |s: &Option<Secret>| -> Option<Option<(String, String)>> {
+            match s {
+                None => Some(None),
+                Some(s) => Some(Some((
+                    s.metadata.uid.clone()?,
+                    s.metadata.resource_version.clone()?,
+                ))),
+            }
+        };
+        let all = |o: &ClusterSecretObjects| {
+            [
+                version(&o.server_ca),
+                version(&o.client_ca),
+                version(&o.etcd_ca),
+                version(&o.token),
+                version(&o.kubeconfig),
+            ]
+        };
+        let (mine, theirs) = (all(self), all(other));
+        mine.iter().all(Option::is_some) && mine == theirs
+    }
+
+    fn kubeconfig_content(&self, text: &str, field: &str) -> &KubeconfigContent {
+        self.parsed.kubeconfig.get_or_init(|| KubeconfigContent {
+            server: pki::kubeconfig_server(text, field).map_err(|e| e.to_string()),
+            client_not_after: pki::kubeconfig_client_not_after(text, field)
+                .map_err(|e| e.to_string()),
         })
     }
 
@@ -71,16 +148,20 @@ fn owned_by(secret: &Secret, kcp: &KThreesControlPlane) -> bool {
 }
 
 /// A CA Secret: usable when `tls.crt` is a CA and `tls.key` its key.
-pub fn ca_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> SecretState {
-    let Some(secret) = secret else {
+pub fn ca_state(
+    objects: &ClusterSecretObjects,
+    purpose: CaPurpose,
+    kcp: &KThreesControlPlane,
+) -> SecretState {
+    let (Some(secret), Some(validity)) = (objects.ca(purpose), objects.ca_validity(purpose)) else {
         return SecretState::Missing;
     };
-    match etcd_access_from_secret(Some(secret)) {
-        Ok(_) => SecretState::Valid {
+    match validity {
+        Ok(()) => SecretState::Valid {
             owned: owned_by(secret, kcp),
         },
-        Err(err) => SecretState::Invalid {
-            reason: err.to_string(),
+        Err(reason) => SecretState::Invalid {
+            reason: reason.to_string(),
         },
     }
 }
@@ -110,8 +191,11 @@ pub fn token_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> Secret
 
 /// The kubeconfig Secret: who owns it, where it points, when its client
 /// certificate expires.
-pub fn kubeconfig_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> KubeconfigState {
-    let Some(secret) = secret else {
+pub fn kubeconfig_state(
+    objects: &ClusterSecretObjects,
+    kcp: &KThreesControlPlane,
+) -> KubeconfigState {
+    let Some(secret) = objects.kubeconfig.as_ref() else {
         return KubeconfigState::Missing;
     };
     let field = format!("secret {}[{KUBECONFIG_SECRET_KEY}]", secret_ref(secret));
@@ -129,16 +213,15 @@ pub fn kubeconfig_state(secret: Option<&Secret>, kcp: &KThreesControlPlane) -> K
             problem: Some(format!("{field}: missing or not UTF-8 text")),
         };
     };
-    let server = pki::kubeconfig_server(text, &field);
-    let not_after = pki::kubeconfig_client_not_after(text, &field);
-    let problem = match (&server, &not_after) {
-        (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+    let content = objects.kubeconfig_content(text, &field);
+    let problem = match (&content.server, &content.client_not_after) {
+        (Err(e), _) | (_, Err(e)) => Some(e.clone()),
         _ => None,
     };
     KubeconfigState::Present {
         owned,
-        client_not_after: not_after.ok(),
-        server: server.ok(),
+        client_not_after: content.client_not_after.as_ref().ok().copied(),
+        server: content.server.as_ref().ok().cloned(),
         problem,
     }
 }
@@ -156,11 +239,11 @@ pub fn secrets_view(
         cluster: cluster.to_string(),
         etcd_embedded: kcp.etcd_is_embedded(),
         initialized: super::view::is_initialized(kcp),
-        server_ca: ca_state(objects.server_ca.as_ref(), kcp),
-        client_ca: ca_state(objects.client_ca.as_ref(), kcp),
-        etcd_ca: ca_state(objects.etcd_ca.as_ref(), kcp),
+        server_ca: ca_state(objects, CaPurpose::Server, kcp),
+        client_ca: ca_state(objects, CaPurpose::Client, kcp),
+        etcd_ca: ca_state(objects, CaPurpose::Etcd, kcp),
         token: token_state(objects.token.as_ref(), kcp),
-        kubeconfig: kubeconfig_state(objects.kubeconfig.as_ref(), kcp),
+        kubeconfig: kubeconfig_state(objects, kcp),
         endpoint,
         now,
         kubeconfig_policy: *policy,
@@ -319,5 +402,107 @@ impl SecretWriter<'_> {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pki::{ca_secret, generate_ca, kubeconfig_secret};
+
+    fn owner() -> OwnerReference {
+        OwnerReference {
+            api_version: "controlplane.cluster.x-k8s.io/v1beta2".into(),
+            kind: "KThreesControlPlane".into(),
+            name: "kcp".into(),
+            uid: "kcp-uid".into(),
+            controller: Some(true),
+            ..Default::default()
+        }
+    }
+
+    fn kcp() -> KThreesControlPlane {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KThreesControlPlane",
+            "metadata": {"name": "kcp", "namespace": "ns", "uid": "kcp-uid"},
+            "spec": {"version": "v1.30.2+k3s1"},
+        }))
+        .unwrap()
+    }
+
+    fn objects() -> ClusterSecretObjects {
+        let server = generate_ca("k3s-server-ca", Duration::from_secs(3600)).unwrap();
+        let client = generate_ca("k3s-client-ca", Duration::from_secs(3600)).unwrap();
+        let mut not_a_ca = ca_secret("ns", "c1", "c1-etcd", &server, owner());
+        // The server CA's certificate with the client CA's key: not usable.
+        not_a_ca.data.as_mut().unwrap().insert(
+            "tls.key".into(),
+            k8s_openapi::ByteString(client.key_pem.clone().into_bytes()),
+        );
+        let kubeconfig = pki::admin_kubeconfig(
+            "c1",
+            "https://10.0.0.1:6443",
+            &server.cert_pem,
+            &client,
+            &KubeconfigPolicy::default(),
+            Utc::now(),
+        )
+        .unwrap();
+        ClusterSecretObjects {
+            server_ca: Some(ca_secret("ns", "c1", "c1-ca", &server, owner())),
+            client_ca: Some(ca_secret("ns", "c1", "c1-cca", &client, owner())),
+            etcd_ca: Some(not_a_ca),
+            kubeconfig: Some(kubeconfig_secret("ns", "c1", &kubeconfig, owner())),
+            ..Default::default()
+        }
+    }
+
+    /// What the Secrets say is worked out once per read and shared by the
+    /// clones the Secret cache hands out; the verdicts are those of the
+    /// checks themselves.
+    #[test]
+    fn the_secrets_content_is_checked_once_per_read_and_shared_by_clones() {
+        let read = objects();
+        let handed_out = read.clone();
+        assert!(read.parsed.cas.iter().all(|c| c.get().is_none()));
+        assert!(read.parsed.kubeconfig.get().is_none());
+
+        let view = secrets_view(
+            &kcp(),
+            "c1",
+            &handed_out,
+            None,
+            &KubeconfigPolicy::default(),
+            Utc::now(),
+        );
+        assert_eq!(view.server_ca, SecretState::Valid { owned: true });
+        assert_eq!(view.client_ca, SecretState::Valid { owned: true });
+        let SecretState::Invalid { reason } = &view.etcd_ca else {
+            panic!("a CA whose key is another's: {:?}", view.etcd_ca);
+        };
+        assert!(reason.contains("ns/c1-etcd"), "{reason}");
+        let KubeconfigState::Present {
+            server, problem, ..
+        } = &view.kubeconfig
+        else {
+            panic!("{:?}", view.kubeconfig);
+        };
+        assert_eq!(server.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(problem, &None);
+
+        // The original read holds the verdicts its clone worked out.
+        assert!(read.parsed.cas.iter().all(|c| c.get().is_some()));
+        assert!(read.parsed.kubeconfig.get().is_some());
+        assert_eq!(read.ca_validity(CaPurpose::Server), Some(Ok(())));
+        assert!(matches!(read.ca_validity(CaPurpose::Etcd), Some(Err(_))));
+        // A new read starts with nothing worked out.
+        assert!(objects().parsed.cas.iter().all(|c| c.get().is_none()));
+        assert_eq!(
+            ClusterSecretObjects::default().ca_validity(CaPurpose::Etcd),
+            None
+        );
     }
 }

@@ -16,8 +16,8 @@ use crate::etcd::{EtcdCluster, EtcdError, MembershipSnapshot};
 use crate::lifecycle::CaPurpose;
 use crate::pki;
 use crate::workload::nodes::list_control_plane_nodes;
-use crate::workload::secrets::etcd_access_from_secret;
-use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode, EtcdAccess};
+use crate::workload::secrets::ca_pem_texts;
+use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode};
 
 use super::caches::{ManagementFingerprint, Source};
 use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
@@ -302,10 +302,8 @@ pub async fn observe_management(
         }
         None => {
             let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-            let objects =
-                ClusterSecretObjects::read(&secrets_api, &namespace, &cluster_name).await?;
-            ctx.secrets.put(&namespace, &cluster_name, &objects);
-            objects
+            let read = ClusterSecretObjects::read(&secrets_api, &namespace, &cluster_name).await?;
+            ctx.secrets.put(&namespace, &cluster_name, read)
         }
     };
     let fingerprint = ManagementFingerprint::of(cluster.as_ref(), &all_machines, &objects);
@@ -466,11 +464,16 @@ async fn read_workload(
         world.etcd = unknown(format!("Secret {etcd_secret} not found"));
         return Ok(None);
     };
-    let ca = match etcd_access_from_secret(Some(secret)) {
-        Ok(EtcdAccess::Managed(ca)) => ca,
-        Ok(EtcdAccess::NotManaged) => unreachable!("a present Secret is never NotManaged"),
-        Err(err) => {
-            world.etcd = unknown(err.to_string());
+    // Checked once per read of the Secrets (see `ClusterSecretObjects`).
+    let texts = match objects.ca_validity(CaPurpose::Etcd) {
+        Some(Ok(())) => ca_pem_texts(secret).map_err(|e| e.to_string()),
+        Some(Err(reason)) => Err(reason.to_string()),
+        None => Err(format!("Secret {etcd_secret} not found")),
+    };
+    let (cert_pem, key_pem) = match texts {
+        Ok(texts) => texts,
+        Err(why) => {
+            world.etcd = unknown(why);
             return Ok(None);
         }
     };
@@ -486,9 +489,9 @@ async fn read_workload(
     );
     let pem = EtcdCaPem {
         cert_field: &format!("{etcd_secret}[tls.crt]"),
-        cert: ca.cert_pem().as_bytes(),
+        cert: cert_pem.as_bytes(),
         key_field: &format!("{etcd_secret}[tls.key]"),
-        key: ca.key_pem().as_bytes(),
+        key: key_pem.as_bytes(),
         secret_version: &version,
     };
     let pool_key = PoolKey {

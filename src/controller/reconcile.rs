@@ -261,7 +261,7 @@ async fn decide_and_act(
     }
     if reused
         && let Ok(plan) = &planned
-        && changes_etcd(&plan.action)
+        && decided_on_its_own_snapshot(&plan.action)
     {
         // Decided on the pass before's snapshot: take one of its own first.
         WorkloadObservation::forget(&mut world);
@@ -385,7 +385,7 @@ async fn act_on_plan(
         Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
         Action::Step { removal, .. } => {
             let machine = removal.machine.clone();
-            let workload = (!changes_etcd(&plan.action))
+            let workload = (!touches_etcd(&plan.action))
                 .then(|| Box::new(WorkloadObservation::of(world, handle)));
             Ok(Pass::Stepped {
                 requeue: Requeue::requeue(Duration::from_millis(200)),
@@ -463,19 +463,34 @@ async fn settle_lifecycle(
     })
 }
 
-/// Whether `action` changes etcd or its membership (a leadership move, a
-/// member removal, a Machine that will join): such an action is decided on an
-/// etcd snapshot taken in its own pass, never on an earlier pass's.
-fn changes_etcd(action: &Action) -> bool {
+/// Whether `action` changes etcd or its membership, now or once a new Machine
+/// joins (a leadership move, a member removal, a new Machine): such an action
+/// is decided on an etcd snapshot taken in its own pass, never on an earlier
+/// pass's.
+fn decided_on_its_own_snapshot(action: &Action) -> bool {
+    touches_etcd(action)
+        || matches!(
+            action,
+            Action::CreateMachine
+                | Action::Step {
+                    step: Step::CreateReplacement { .. },
+                    ..
+                }
+        )
+}
+
+/// Whether carrying out `action` changes etcd at once (leadership, members):
+/// the pass after it reads etcd again to see the effect.
+fn touches_etcd(action: &Action) -> bool {
     match action {
-        Action::Step { step, .. } => matches!(
-            step,
-            Step::MoveLeadership { .. }
-                | Step::RemoveMember { .. }
-                | Step::CreateReplacement { .. }
-        ),
-        Action::RemoveOrphan { .. } | Action::CreateMachine => true,
-        Action::Wait | Action::Idle => false,
+        Action::Step { step, .. } => {
+            matches!(
+                step,
+                Step::MoveLeadership { .. } | Step::RemoveMember { .. }
+            )
+        }
+        Action::RemoveOrphan { .. } => true,
+        Action::CreateMachine | Action::Wait | Action::Idle => false,
     }
 }
 
@@ -563,20 +578,21 @@ mod tests {
         }
     }
 
-    /// Which actions need an etcd snapshot of their own pass, and which may be
-    /// decided on the snapshot of the pass before (after a management step).
+    /// Which actions need an etcd snapshot of their own pass (the others may
+    /// be decided on the pass before's, after a management step), and after
+    /// which the next pass must read etcd again.
     #[test]
     fn steps_that_change_etcd_or_its_membership_need_a_snapshot_of_their_own() {
         let assessment = crate::quorum::assess_cluster(&[]);
         let cases = [
-            (step(Step::MoveLeadership { from: 1, to: 2 }), true),
+            (step(Step::MoveLeadership { from: 1, to: 2 }), (true, true)),
             (
                 step(Step::RemoveMember {
                     member: 1,
                     via: 2,
                     assessment: assessment.clone(),
                 }),
-                true,
+                (true, true),
             ),
             (
                 step(Step::CreateReplacement {
@@ -586,7 +602,7 @@ mod tests {
                         retry_count: 0,
                     },
                 }),
-                true,
+                (true, false),
             ),
             (
                 Action::RemoveOrphan {
@@ -595,41 +611,46 @@ mod tests {
                     kind: "ghost",
                     assessment,
                 },
-                true,
+                (true, true),
             ),
-            (Action::CreateMachine, true),
+            (Action::CreateMachine, (true, false)),
             (
                 step(Step::AddHook {
                     machine: "cp-0".into(),
                     member: Some(1),
                 }),
-                false,
+                (false, false),
             ),
             (
                 step(Step::DeleteMachine {
                     machine: "cp-0".into(),
                 }),
-                false,
+                (false, false),
             ),
             (
                 step(Step::ReleaseHook {
                     machine: "cp-0".into(),
                 }),
-                false,
+                (false, false),
             ),
-            (step(Step::ClearRemediationInProgress), false),
+            (step(Step::ClearRemediationInProgress), (false, false)),
             (
                 step(Step::Wait {
                     reason: WaitReason::Drain,
                     message: String::new(),
                 }),
-                false,
+                (false, false),
             ),
-            (Action::Wait, false),
-            (Action::Idle, false),
+            (Action::Wait, (false, false)),
+            (Action::Idle, (false, false)),
         ];
-        for (action, expected) in cases {
-            assert_eq!(changes_etcd(&action), expected, "{action:?}");
+        for (action, (own_snapshot, touches)) in cases {
+            assert_eq!(
+                decided_on_its_own_snapshot(&action),
+                own_snapshot,
+                "{action:?}"
+            );
+            assert_eq!(touches_etcd(&action), touches, "{action:?}");
         }
     }
 }

@@ -143,20 +143,28 @@ pub enum EtcdAccess {
     Managed(EtcdCa),
 }
 
-/// Interpret the `<cluster>-etcd` Secret; `None` (not found) means not managed.
-pub fn etcd_access_from_secret(secret: Option<&Secret>) -> Result<EtcdAccess, Error> {
-    let Some(secret) = secret else {
-        return Ok(EtcdAccess::NotManaged);
-    };
+/// The certificate and key texts (PEM) of a CA Secret, unchecked: what
+/// [`etcd_access_from_secret`] has found usable can be taken again cheaply.
+pub fn ca_pem_texts(secret: &Secret) -> Result<(&str, &str), Error> {
     let name = secret_ref(secret);
     let cert_pem = key_text(secret, TLS_CERT_KEY)?.ok_or_else(|| Error::KeyMissing {
         secret: name.clone(),
         key: TLS_CERT_KEY,
     })?;
     let key_pem = key_text(secret, TLS_KEY_KEY)?.ok_or_else(|| Error::CaKeyMissing {
-        secret: name.clone(),
+        secret: name,
         key: TLS_KEY_KEY,
     })?;
+    Ok((cert_pem, key_pem))
+}
+
+/// Interpret the `<cluster>-etcd` Secret; `None` (not found) means not managed.
+pub fn etcd_access_from_secret(secret: Option<&Secret>) -> Result<EtcdAccess, Error> {
+    let Some(secret) = secret else {
+        return Ok(EtcdAccess::NotManaged);
+    };
+    let name = secret_ref(secret);
+    let (cert_pem, key_pem) = ca_pem_texts(secret)?;
     let cert_der = first_certificate(cert_pem).ok_or_else(|| Error::CertificateNotPem {
         secret: name.clone(),
         key: TLS_CERT_KEY,
