@@ -715,7 +715,7 @@ fn version_change_messages_say_what_to_do() {
     let skip = check_version_change("v1.30.2+k3s2", "v1.32.0+k3s1").unwrap_err();
     assert_eq!(
         skip.to_string(),
-        "spec.version: cannot skip a minor version: v1.30.2+k3s2 to v1.32.0+k3s1 (upgrade to v1.31 first)"
+        "spec.version: cannot skip a minor version: v1.30.2+k3s2 to v1.32.0+k3s1 (one minor version at a time: from v1.30 to the next)"
     );
     let down = check_version_change("v1.31.2+k3s1", "v1.30.2+k3s2").unwrap_err();
     assert_eq!(

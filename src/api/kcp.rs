@@ -34,15 +34,21 @@ fn cel_string(pattern: &str) -> String {
 /// CEL for the precedence of the k3s version in the CEL string `v`, as
 /// [`super::validate::K3sVersion`] orders it: major, minor, patch, k3s revision,
 /// then 1 for a release and 0 for a pre-release. Only sound once `v` matched
-/// [`K3S_VERSION_PATTERN`]: the pre-release tag may hold `.` and `-` but never
-/// `+`, and only the tag holds `-`. There is no `let` in the CEL of a 1.28 API
-/// server (nor `cel.bind` in kube-cel), so the rules spell each part out.
+/// [`K3S_VERSION_PATTERN`]. There is no `let` in the CEL of a 1.28 API server
+/// (nor `cel.bind` in kube-cel), so the rules spell each part out.
+///
+/// Each part is cut out with `find` (its result is no longer than `v`, whose
+/// `maxLength` the API server knows), never with `split`: the API server's
+/// cost estimator cannot bound the elements of the list `split` returns, and
+/// refuses the CRD when a rule then reads them. Leftmost matches pick the
+/// parts: the major and minor numbers are followed by `.`, so the first number
+/// followed by `-` or `+` is the patch; the version ends in `+k3s<digits>`.
 fn version_cel_parts(v: &str) -> [String; 5] {
     [
-        format!("int({v}.split('.')[0].substring(1))"),
-        format!("int({v}.split('.')[1])"),
-        format!("int({v}.split('.')[2].split('-')[0].split('+')[0])"),
-        format!("int({v}.split('+k3s')[1])"),
+        format!("int({v}.find('^v[0-9]+').substring(1))"),
+        format!("int({v}.find('[.][0-9]+').substring(1))"),
+        format!("int({v}.find('[0-9]+[-+]').replace('-', '').replace('+', ''))"),
+        format!("int({v}.find('[0-9]+$'))"),
         format!("({v}.contains('-') ? 0 : 1)"),
     ]
 }
@@ -85,9 +91,12 @@ fn version_no_minor_skip_rule() -> kube::core::Rule {
         "{} || ({new_major} == {old_major} ? {new_minor} <= {old_minor} + 1 : {new_major} < {old_major})",
         cel_both_versions_parse()
     ))
+    // The message reads only strings cut out of the two bounded versions:
+    // `string()` of an int has no size bound for the cost estimator, and a
+    // message built from it is refused like a rule.
     .message(kube::core::Message::Expression(format!(
         "{new_major} == {old_major} \
-         ? 'spec.version: cannot skip a minor version: ' + oldSelf + ' to ' + self + ' (upgrade to v' + string({old_major}) + '.' + string({old_minor} + 1) + ' first)' \
+         ? 'spec.version: cannot skip a minor version: ' + oldSelf + ' to ' + self + ' (one minor version at a time: from ' + oldSelf.find('^v[0-9]+[.][0-9]+') + ' to the next)' \
          : 'spec.version: cannot change the major version: ' + oldSelf + ' to ' + self"
     )))
 }

@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 pub const GO_DURATION_PATTERN: &str =
     r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$";
 
+/// `maxLength` of every Go duration field. The API server's CEL cost estimate
+/// needs a bound on each string a rule reads; no sensible duration comes near it.
+pub const GO_DURATION_MAX_LENGTH: usize = 64;
+
 static GO_DURATION: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(GO_DURATION_PATTERN).expect("duration pattern compiles"));
 
@@ -76,7 +80,7 @@ impl GoDuration {
     /// Parse with Go `time.ParseDuration` syntax; the result keeps the sign.
     pub fn parse(&self) -> Result<kube::core::Duration, DurationParseError> {
         // kube's parser is lenient where Go is not (it reads "" as 0s).
-        if !GO_DURATION.is_match(&self.0) {
+        if self.0.len() > GO_DURATION_MAX_LENGTH || !GO_DURATION.is_match(&self.0) {
             return Err(DurationParseError {
                 text: self.0.clone(),
                 source: None,
@@ -106,7 +110,7 @@ impl JsonSchema for GoDuration {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         // Not `format: duration`: that means ISO 8601, which Go durations are not.
-        schemars::json_schema!({ "type": "string" })
+        schemars::json_schema!({ "type": "string", "maxLength": GO_DURATION_MAX_LENGTH })
     }
 }
 

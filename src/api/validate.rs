@@ -341,9 +341,10 @@ pub fn check_version_change(from: &str, to: &str) -> Result<(), VersionChangeErr
         (
             Rule::VersionNoMinorSkip,
             format!(
-                "cannot skip a minor version: {from} to {to} (upgrade to v{}.{} first)",
+                "cannot skip a minor version: {from} to {to} (one minor version at a time: \
+                 from v{}.{} to the next)",
                 old.major,
-                old.minor + 1
+                old.minor
             ),
         )
     } else {
