@@ -441,3 +441,57 @@ async fn tearing_down_an_upstream_control_plane_releases_upstreams_hooks_too() {
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
     controller.stop().await;
 }
+
+/// A Machine cluster-api-k3s made from another `serverConfig` (its record says
+/// so) is outdated and rolled like one we made from another spec; the ones
+/// made from the current `serverConfig`, recorded with upstream's defaults
+/// written out, are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_upstream_made_from_another_server_config_is_rolled_out() {
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let all: Vec<&str> = sandbox.machines.iter().map(String::as_str).collect();
+    as_upstream_left_it(&sandbox, &[]).await;
+    let (stale, current) = (&sandbox.machines[0], &sandbox.machines[1]);
+    annotate_machine(
+        &sandbox,
+        stale,
+        json!({UPSTREAM_SERVER_CONFIG_ANNOTATION: r#"{"disableComponents":["servicelb"]}"#}),
+    )
+    .await;
+    annotate_machine(
+        &sandbox,
+        current,
+        json!({UPSTREAM_SERVER_CONFIG_ANNOTATION:
+            r#"{"disableComponents":["traefik"],"disableCloudController":true,"cloudProviderName":"external"}"#}),
+    )
+    .await;
+
+    let controller = sandbox.start_controller();
+    sandbox
+        .wait_for("the stale Machine to be replaced", LIMIT, || async {
+            let names = machine_names(&sandbox).await;
+            if names.iter().any(|n| !all.contains(&n.as_str())) {
+                Ok(())
+            } else {
+                Err(format!("Machines {names:?}"))
+            }
+        })
+        .await
+        .unwrap();
+    let status = kcp(&sandbox).await.status.unwrap_or_default();
+    let up_to_date = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "MachinesUpToDate")
+        .expect("MachinesUpToDate condition");
+    assert_eq!(up_to_date.status, "False", "{up_to_date:?}");
+    assert!(
+        up_to_date.message.contains(stale.as_str())
+            && up_to_date.message.contains("kthrees-server-configuration")
+            && !up_to_date.message.contains(current.as_str()),
+        "{}",
+        up_to_date.message
+    );
+    controller.stop().await;
+}

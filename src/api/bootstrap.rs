@@ -39,8 +39,11 @@ pub struct KThreesConfigSpec {
     /// k3s agent settings.
     #[serde(default, skip_serializing_if = "KThreesAgentConfig::is_empty")]
     pub agent_config: KThreesAgentConfig,
-    /// k3s server settings.
+    /// k3s server settings. Defaulted to `{}` by the API server so that its
+    /// own defaults (upstream's `disableCloudController`, `cloudProviderName`)
+    /// are filled in when the object has none.
     #[serde(default, skip_serializing_if = "KThreesServerConfig::is_empty")]
+    #[schemars(extend("default" = {}))]
     pub server_config: KThreesServerConfig,
     /// k3s version (defaults to the control plane's).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -104,9 +107,16 @@ pub struct KThreesServerConfig {
     pub cluster_domain: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disable_components: Vec<String>,
+    /// k3s `--disable-cloud-controller`. Defaulted to `true` as
+    /// cluster-api-k3s's defaulting webhook does (an external cloud provider
+    /// runs the cloud controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(default = "default_disable_cloud_controller")]
     pub disable_cloud_controller: Option<bool>,
+    /// The kubelet's `--cloud-provider`. Defaulted to `external` as
+    /// cluster-api-k3s's defaulting webhook does; `""` sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(default = "default_cloud_provider_name")]
     pub cloud_provider_name: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub system_default_registry: String,
@@ -122,7 +132,29 @@ pub struct KThreesServerConfig {
     pub extra: BTreeMap<String, Value>,
 }
 
+/// cluster-api-k3s's default of `serverConfig.disableCloudController`.
+pub const DEFAULT_DISABLE_CLOUD_CONTROLLER: bool = true;
+/// cluster-api-k3s's default of `serverConfig.cloudProviderName`.
+pub const DEFAULT_CLOUD_PROVIDER_NAME: &str = "external";
+
+fn default_disable_cloud_controller() -> Option<bool> {
+    Some(DEFAULT_DISABLE_CLOUD_CONTROLLER)
+}
+
+fn default_cloud_provider_name() -> Option<String> {
+    Some(DEFAULT_CLOUD_PROVIDER_NAME.to_string())
+}
+
 impl KThreesServerConfig {
+    /// Fill in cluster-api-k3s's defaults where the fields are absent, as its
+    /// webhook and our CRD's defaults do on the API server.
+    pub fn apply_upstream_defaults(&mut self) {
+        self.disable_cloud_controller
+            .get_or_insert(DEFAULT_DISABLE_CLOUD_CONTROLLER);
+        self.cloud_provider_name
+            .get_or_insert_with(|| DEFAULT_CLOUD_PROVIDER_NAME.to_string());
+    }
+
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }

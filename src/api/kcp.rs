@@ -146,8 +146,10 @@ pub struct KThreesControlPlaneSpec {
     #[x_kube(validation = version_no_downgrade_rule())]
     #[x_kube(validation = version_no_minor_skip_rule())]
     pub version: String,
-    /// k3s configuration for every control-plane machine.
+    /// k3s configuration for every control-plane machine. Defaulted to `{}`
+    /// so that the server configuration's defaults apply to every object.
     #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
+    #[schemars(extend("default" = {}))]
     pub kthrees_config_spec: KThreesConfigSpec,
     /// Roll out all machines after this time even without spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -89,6 +89,11 @@ pub const KCP_FINALIZER: &str = "kthrees.controlplane.cluster.x-k8s.io";
 /// (`kthreesConfigSpec` and the infrastructure template), so "was this Machine
 /// made from the current spec?" survives restarts; see [`crate::rollout`].
 pub const SPEC_HASH_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/kthrees-spec-hash";
+/// On a control-plane Machine made by cluster-api-k3s (and by us, for tools
+/// that read it): the JSON of `kthreesConfigSpec.serverConfig` it was made
+/// from. The only record of what a migrated Machine was made from.
+pub const SERVER_CONFIGURATION_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/kthrees-server-configuration";
 
 // --- k3s Node labels and annotations --------------------------------------------
 

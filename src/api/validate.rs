@@ -343,8 +343,7 @@ pub fn check_version_change(from: &str, to: &str) -> Result<(), VersionChangeErr
             format!(
                 "cannot skip a minor version: {from} to {to} (one minor version at a time: \
                  from v{}.{} to the next)",
-                old.major,
-                old.minor
+                old.major, old.minor
             ),
         )
     } else {

@@ -13,18 +13,22 @@ pub mod version;
 
 use chrono::{DateTime, Utc};
 
-use crate::api::names::SPEC_HASH_ANNOTATION;
+use crate::api::names::{SERVER_CONFIGURATION_ANNOTATION, SPEC_HASH_ANNOTATION};
 use crate::api::{KThreesControlPlane, Machine};
 
 pub use decide::{RolloutDecision, RolloutStep, decide_rollout};
 pub use outdated::{Desired, MadeFrom, OutdatedReason, describe, outdated_reasons};
-pub use spec_hash::spec_hash;
+pub use spec_hash::{server_config_fingerprint, spec_hash};
 
 /// What `kcp` asks of every Machine now.
 pub fn desired(kcp: &KThreesControlPlane) -> Desired {
     Desired {
         version: kcp.spec.version.clone(),
         spec_hash: spec_hash(kcp),
+        server_config: server_config_fingerprint(
+            &serde_json::to_value(&kcp.spec.kthrees_config_spec.server_config)
+                .expect("a KThreesServerConfig always serializes"),
+        ),
         rollout_after: kcp
             .spec
             .rollout_after
@@ -35,14 +39,20 @@ pub fn desired(kcp: &KThreesControlPlane) -> Desired {
 
 /// What `machine` was made from; `now` stands in for a missing creation time.
 pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
-    MadeFrom {
-        version: machine.spec.version.clone(),
-        spec_hash: machine
+    let annotation = |key: &str| {
+        machine
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(SPEC_HASH_ANNOTATION))
-            .cloned(),
+            .and_then(|a| a.get(key))
+    };
+    MadeFrom {
+        version: machine.spec.version.clone(),
+        spec_hash: annotation(SPEC_HASH_ANNOTATION).cloned(),
+        upstream_server_config: annotation(SERVER_CONFIGURATION_ANNOTATION)
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .filter(serde_json::Value::is_object)
+            .map(|v| server_config_fingerprint(&v)),
         created: machine
             .metadata
             .creation_timestamp

@@ -4,9 +4,14 @@
 //! - its `spec.version` differs from the control plane's `spec.version`;
 //! - `spec.rolloutAfter` has passed and the Machine was created before it;
 //! - the spec it was made from (its recorded spec hash) differs from the
-//!   current one. A Machine without a record (made by another provider before
-//!   a migration) is not rolled for its spec: we cannot know what it was made
-//!   from, and replacing every server on adoption would be a surprise.
+//!   current one;
+//! - it has no spec hash (made by cluster-api-k3s before a migration) but
+//!   carries cluster-api-k3s's record of the `serverConfig` it was made from
+//!   (`kthrees-server-configuration`), and that differs from the current one.
+//!
+//! A Machine with neither record is not rolled for its spec: we cannot know
+//! what it was made from, and replacing every server on adoption would be a
+//! surprise.
 
 use std::fmt;
 
@@ -18,6 +23,8 @@ use serde::Serialize;
 pub struct Desired {
     pub version: String,
     pub spec_hash: String,
+    /// `serverConfig` as [`super::spec_hash::server_config_fingerprint`] compares it.
+    pub server_config: serde_json::Value,
     pub rollout_after: Option<DateTime<Utc>>,
 }
 
@@ -27,6 +34,9 @@ pub struct MadeFrom {
     pub version: Option<String>,
     /// The spec hash annotation; `None` when absent.
     pub spec_hash: Option<String>,
+    /// cluster-api-k3s's `serverConfig` record, as a fingerprint; `None` when
+    /// absent or not JSON (then nothing is known of it).
+    pub upstream_server_config: Option<serde_json::Value>,
     pub created: DateTime<Utc>,
 }
 
@@ -34,9 +44,19 @@ pub struct MadeFrom {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum OutdatedReason {
-    Version { has: Option<String>, wants: String },
-    RolloutAfter { at: DateTime<Utc> },
-    Spec { has: String, wants: String },
+    Version {
+        has: Option<String>,
+        wants: String,
+    },
+    RolloutAfter {
+        at: DateTime<Utc>,
+    },
+    Spec {
+        has: String,
+        wants: String,
+    },
+    /// A migrated Machine's recorded `serverConfig` differs from the current one.
+    ServerConfig,
 }
 
 impl OutdatedReason {
@@ -46,6 +66,7 @@ impl OutdatedReason {
             OutdatedReason::Version { .. } => "version",
             OutdatedReason::RolloutAfter { .. } => "rolloutAfter",
             OutdatedReason::Spec { .. } => "spec",
+            OutdatedReason::ServerConfig => "serverConfig",
         }
     }
 }
@@ -66,6 +87,11 @@ impl fmt::Display for OutdatedReason {
             OutdatedReason::Spec { has, wants } => write!(
                 f,
                 "kthreesConfigSpec or infrastructure template changed (spec hash {has} -> {wants})"
+            ),
+            OutdatedReason::ServerConfig => write!(
+                f,
+                "kthreesConfigSpec.serverConfig differs from the one cluster-api-k3s recorded \
+                 on the Machine (annotation controlplane.cluster.x-k8s.io/kthrees-server-configuration)"
             ),
         }
     }
@@ -90,13 +116,15 @@ pub fn outdated_reasons(
     {
         reasons.push(OutdatedReason::RolloutAfter { at });
     }
-    if let Some(has) = &machine.spec_hash
-        && *has != desired.spec_hash
-    {
-        reasons.push(OutdatedReason::Spec {
+    match (&machine.spec_hash, &machine.upstream_server_config) {
+        (Some(has), _) if *has != desired.spec_hash => reasons.push(OutdatedReason::Spec {
             has: has.clone(),
             wants: desired.spec_hash.clone(),
-        });
+        }),
+        (None, Some(has)) if *has != desired.server_config => {
+            reasons.push(OutdatedReason::ServerConfig)
+        }
+        _ => {}
     }
     reasons
 }
@@ -123,6 +151,7 @@ mod tests {
         Desired {
             version: "v1.31.0+k3s1".into(),
             spec_hash: "aaaa".into(),
+            server_config: serde_json::json!({"disableComponents": ["traefik"]}),
             rollout_after: None,
         }
     }
@@ -131,7 +160,16 @@ mod tests {
         MadeFrom {
             version: Some(version.into()),
             spec_hash: hash.map(str::to_string),
+            upstream_server_config: None,
             created: t(created),
+        }
+    }
+
+    /// A Machine cluster-api-k3s made: no spec hash, its serverConfig record.
+    fn upstream(version: &str, server_config: serde_json::Value) -> MadeFrom {
+        MadeFrom {
+            upstream_server_config: Some(server_config),
+            ..made(version, None, 1)
         }
     }
 
@@ -181,6 +219,39 @@ mod tests {
                 "no_spec_record_is_not_rolled_for_its_spec",
                 desired(),
                 made("v1.31.0+k3s1", None, 1),
+                10,
+                vec![],
+            ),
+            (
+                "migrated_machine_with_the_current_server_config",
+                desired(),
+                upstream(
+                    "v1.31.0+k3s1",
+                    serde_json::json!({"disableComponents": ["traefik"]}),
+                ),
+                10,
+                vec![],
+            ),
+            (
+                "migrated_machine_with_another_server_config",
+                desired(),
+                upstream(
+                    "v1.31.0+k3s1",
+                    serde_json::json!({"disableComponents": ["servicelb"]}),
+                ),
+                10,
+                vec!["serverConfig"],
+            ),
+            (
+                "our_spec_hash_wins_over_the_upstream_record",
+                desired(),
+                MadeFrom {
+                    spec_hash: Some("aaaa".into()),
+                    ..upstream(
+                        "v1.31.0+k3s1",
+                        serde_json::json!({"disableComponents": ["servicelb"]}),
+                    )
+                },
                 10,
                 vec![],
             ),

@@ -15,6 +15,7 @@ use ring::digest::{SHA256, digest};
 use serde_json::Value;
 
 use crate::api::KThreesControlPlane;
+use crate::api::bootstrap::{DEFAULT_CLOUD_PROVIDER_NAME, DEFAULT_DISABLE_CLOUD_CONTROLLER};
 
 /// Hex characters of the hash kept (64 bits: collisions between two specs of
 /// one control plane are not a practical concern).
@@ -28,9 +29,13 @@ pub fn spec_hash(kcp: &KThreesControlPlane) -> String {
         .and_then(|r| r.api_version.as_deref())
         .map(|v| v.split_once('/').map(|(g, _)| g).unwrap_or(""))
         .unwrap_or("");
+    let mut config = serde_json::to_value(&kcp.spec.kthrees_config_spec)
+        .expect("a KThreesConfigSpec always serializes");
+    if let Some(server) = config.get_mut("serverConfig") {
+        *server = server_config_fingerprint(server);
+    }
     let input = serde_json::json!({
-        "kthreesConfigSpec": serde_json::to_value(&kcp.spec.kthrees_config_spec)
-            .expect("a KThreesConfigSpec always serializes"),
+        "kthreesConfigSpec": config,
         "infrastructure": {
             "group": group,
             "kind": infra.and_then(|r| r.kind.as_deref()).unwrap_or(""),
@@ -39,6 +44,33 @@ pub fn spec_hash(kcp: &KThreesControlPlane) -> String {
         },
     });
     hash_value(&input)
+}
+
+/// `serverConfig` as compared across Machines: normalized (see [`normalize`]),
+/// with cluster-api-k3s's defaults taken as absent. The API server fills them
+/// in (our CRD defaults, upstream's webhook), so a spec stored before they
+/// existed and one stored after describe the same servers and must compare
+/// equal; an explicit `cloudProviderName: ""` (no cloud provider) stays
+/// distinct from absent.
+pub fn server_config_fingerprint(server_config: &Value) -> Value {
+    let mut value = server_config.clone();
+    if let Value::Object(map) = &mut value {
+        if map.get("disableCloudController") == Some(&Value::Bool(DEFAULT_DISABLE_CLOUD_CONTROLLER))
+        {
+            map.remove("disableCloudController");
+        }
+        match map.get("cloudProviderName").and_then(Value::as_str) {
+            Some(DEFAULT_CLOUD_PROVIDER_NAME) => {
+                map.remove("cloudProviderName");
+            }
+            // normalize() drops empty strings: keep "no cloud provider" visible.
+            Some("") => {
+                map.insert("cloudProviderName".into(), Value::Bool(false));
+            }
+            _ => {}
+        }
+    }
+    normalize(&value).unwrap_or(Value::Object(Default::default()))
 }
 
 /// SHA-256 of the normalized JSON, hex, shortened.
@@ -128,6 +160,18 @@ mod tests {
                 json!({"kthreesConfigSpec": {"agentConfig": {"nodeLabels": ["tier=cp"]}}}),
             ),
             (
+                "the cloud controller kept",
+                json!({"kthreesConfigSpec": {"serverConfig": {"disableCloudController": false}}}),
+            ),
+            (
+                "no cloud provider",
+                json!({"kthreesConfigSpec": {"serverConfig": {"cloudProviderName": ""}}}),
+            ),
+            (
+                "another cloud provider",
+                json!({"kthreesConfigSpec": {"serverConfig": {"cloudProviderName": "aws"}}}),
+            ),
+            (
                 "template name",
                 json!({"machineTemplate": {"infrastructureRef": {"name": "t2"}}}),
             ),
@@ -185,6 +229,10 @@ mod tests {
                 "maxSurge",
                 json!({"rolloutStrategy": {"rollingUpdate": {"maxSurge": 0}}}),
             ),
+            (
+                "cluster-api-k3s's defaults written out (the API server defaults them)",
+                json!({"kthreesConfigSpec": {"serverConfig": {"disableCloudController": true, "cloudProviderName": "external"}}}),
+            ),
         ] {
             assert_eq!(
                 spec_hash(&kcp(change)),
@@ -192,5 +240,29 @@ mod tests {
                 "{what} must not change the hash"
             );
         }
+    }
+
+    /// What cluster-api-k3s records on its Machines (Go's `json.Marshal` of
+    /// the server config: defaults written out, empty fields omitted) compares
+    /// equal to our spec of the same servers.
+    #[test]
+    fn upstream_record_of_the_same_servers_has_the_same_fingerprint() {
+        let ours = kcp(json!({}));
+        let recorded: Value = serde_json::from_str(
+            r#"{"disableComponents":["traefik"],"disableCloudController":true,"cloudProviderName":"external"}"#,
+        )
+        .unwrap();
+        let current = serde_json::to_value(&ours.spec.kthrees_config_spec.server_config).unwrap();
+        assert_eq!(
+            server_config_fingerprint(&recorded),
+            server_config_fingerprint(&current)
+        );
+        let other: Value =
+            serde_json::from_str(r#"{"disableComponents":["traefik"],"cloudProviderName":""}"#)
+                .unwrap();
+        assert_ne!(
+            server_config_fingerprint(&other),
+            server_config_fingerprint(&current)
+        );
     }
 }
