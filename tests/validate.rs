@@ -845,3 +845,84 @@ async fn api_server_checks_the_same_version_changes() {
         }
     }
 }
+
+/// Against a real API server, when `KUBECONFIG` is set: what the CRD promises
+/// beyond validation. Defaults (`replicas` 1 and cluster-api-k3s's
+/// `serverConfig` defaults filled into an object that has none), the scale
+/// subresource (read and written), and the printer columns `kubectl get`
+/// shows, in the order the CRD declares them.
+#[tokio::test]
+async fn api_server_applies_defaults_scale_and_printer_columns() {
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    let Some(api) = api_server("api_server_applies_defaults_scale_and_printer_columns").await
+    else {
+        return;
+    };
+    let mut kcp = good();
+    kcp.spec.replicas = None;
+    kcp.metadata.namespace = Some("default".into());
+    kcp.metadata.name = Some("defaults-and-columns".into());
+    let _ = api
+        .delete("defaults-and-columns", &DeleteParams::default())
+        .await;
+    let created = api.create(&PostParams::default(), &kcp).await.unwrap();
+    let server = &created.spec.kthrees_config_spec.server_config;
+    assert_eq!(created.spec.replicas, Some(1), "replicas defaulted");
+    assert_eq!(server.disable_cloud_controller, Some(true));
+    assert_eq!(server.cloud_provider_name.as_deref(), Some("external"));
+
+    let scale = api.get_scale("defaults-and-columns").await.unwrap();
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(1));
+    api.patch_scale(
+        "defaults-and-columns",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.get("defaults-and-columns").await.unwrap().spec.replicas,
+        Some(3),
+        "the scale subresource writes spec.replicas"
+    );
+
+    // What `kubectl get` asks for: a Table, with our printer columns.
+    let request = http::Request::get(
+        "/apis/controlplane.cluster.x-k8s.io/v1beta2/namespaces/default/kthreescontrolplanes/defaults-and-columns",
+    )
+    .header(
+        "Accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let client = kube::Client::try_default().await.unwrap();
+    let table: Value = client.request(request).await.unwrap();
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    let crd = k3s_control_plane::api::crds::ours()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "KThreesControlPlane")
+        .unwrap();
+    let declared: Vec<String> = crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect();
+    let mut want = vec!["Name"];
+    want.extend(declared.iter().map(String::as_str));
+    assert_eq!(columns, want);
+    let cells = table["rows"][0]["cells"].as_array().unwrap();
+    let version_column = columns.iter().position(|c| *c == "Version").unwrap();
+    assert_eq!(cells[version_column], "v1.30.2+k3s2");
+    let desired_column = columns.iter().position(|c| *c == "Desired").unwrap();
+    assert_eq!(cells[desired_column], 3);
+    let _ = api
+        .delete("defaults-and-columns", &DeleteParams::default())
+        .await;
+}
