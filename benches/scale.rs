@@ -193,9 +193,10 @@ fn machine_name(cluster: &str, j: usize) -> String {
 /// initialized KThreesControlPlane with our finalizer, 3 Machines made from its
 /// current spec (spec-hash annotation) and provisioned (nodeRef, InternalIP),
 /// and in its workload API 3 ready control-plane Nodes annotated with the
-/// members of `etcd`. Not `managed`: an external datastore
-/// (`serverConfig.datastoreEndpoint`) and no `<cluster>-etcd` Secret, so the
-/// controller has no etcd to connect to (`EtcdNotManaged`).
+/// members of `etcd`. Not `managed`: a declared external datastore
+/// (`spec.externalDatastore`), Nodes without k3s's etcd marks and no
+/// `<cluster>-etcd` Secret, so the controller has no etcd to connect to
+/// (`EtcdNotManaged`).
 async fn add_cluster(
     management: &kube::Client,
     common: &CommonSecrets,
@@ -224,8 +225,18 @@ async fn add_cluster(
             "apiVersion": "v1", "kind": "Node",
             "metadata": {
                 "name": node,
-                "labels": {NODE_ROLE_CONTROL_PLANE_LABEL: "true", NODE_ROLE_ETCD_LABEL: "true"},
-                "annotations": {K3S_ETCD_NODE_NAME_ANNOTATION: member, K3S_ETCD_NODE_ADDRESS_ANNOTATION: ip},
+                "labels": if managed {
+                    json!({NODE_ROLE_CONTROL_PLANE_LABEL: "true", NODE_ROLE_ETCD_LABEL: "true"})
+                } else {
+                    // External-datastore servers: no etcd marks (k3s adds them
+                    // only with embedded etcd, and they would make etcd managed).
+                    json!({NODE_ROLE_CONTROL_PLANE_LABEL: "true"})
+                },
+                "annotations": if managed {
+                    json!({K3S_ETCD_NODE_NAME_ANNOTATION: member, K3S_ETCD_NODE_ADDRESS_ANNOTATION: ip})
+                } else {
+                    json!({})
+                },
             },
         }))
         .expect("Node");
@@ -297,11 +308,7 @@ async fn add_cluster(
     object.metadata.finalizers = Some(vec![KCP_FINALIZER.to_string()]);
     if !managed {
         // An external datastore: no etcd of ours to connect to.
-        object
-            .spec
-            .kthrees_config_spec
-            .server_config
-            .datastore_endpoint = Some("https://datastore.invalid:2379".into());
+        object.spec.external_datastore = Some(true);
     }
     let kcp = kcps
         .create(&PostParams::default(), &object)

@@ -189,6 +189,7 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::VersionFormat => "k3s",
             Rule::ReplicasAtLeastOne => ">= 1",
             Rule::ReplicasOddWithEmbeddedEtcd => "% 2 == 1",
+            Rule::DatastoreEndpointNeedsExternalDatastore => "self.externalDatastore",
             Rule::InfrastructureRefRequired => "infrastructureRef",
             Rule::MaxRetryNotNegative => ">= 0",
             Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",

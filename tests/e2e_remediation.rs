@@ -441,3 +441,51 @@ async fn max_retry_and_retry_period_are_honoured_over_a_real_sequence() {
     assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 1);
     controller.stop().await;
 }
+
+/// `spec.externalDatastore` declared while the servers run embedded etcd (as
+/// every server cluster-api-k3s's bootstrap provider starts does): the Nodes
+/// carry k3s's etcd marks, so etcd is managed all the same, and a removal that
+/// would lose quorum is refused with the numbers exactly as without the
+/// declaration. The condition names the Node that showed embedded etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_external_datastore_is_not_believed_while_nodes_show_embedded_etcd() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    patch_kcp_spec(&sandbox, serde_json::json!({"externalDatastore": true})).await;
+    let admin = sandbox.etcd.connect();
+    let before = snapshot(&sandbox, &admin).await;
+    let leader = sandbox.etcd.index_of(before.leader.unwrap()).unwrap();
+    let stopped = (leader + 1) % 3;
+    let target = sandbox.machines[leader].clone();
+    sandbox.etcd.stop(stopped).await.unwrap();
+
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    wait_owner_remediated(
+        &sandbox,
+        &target,
+        "CannotBeRemediated",
+        &["quorum", "1 of 2 voters healthy, quorum needs 2"],
+    )
+    .await;
+    let status = kcp(&sandbox).await.status.unwrap_or_default();
+    let etcd = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "EtcdClusterHealthy")
+        .expect("EtcdClusterHealthy");
+    assert!(
+        etcd.message
+            .contains("spec.externalDatastore is set, but Node")
+            && etcd.message.contains("etcd is managed"),
+        "{etcd:?}"
+    );
+    assert!(status.etcd.is_some(), "the membership was read");
+    wait_reconciles(&sandbox, &controller.ctx, 2).await;
+    assert_eq!(
+        member_names(&snapshot(&sandbox, &admin).await),
+        member_names(&before)
+    );
+    assert!(!machines(&sandbox).await.iter().any(|m| m.is_deleting()));
+    controller.stop().await;
+}

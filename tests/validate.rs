@@ -37,6 +37,7 @@ fn good() -> KThreesControlPlane {
             },
             remediation_strategy: None,
             rollout_strategy: None,
+            external_datastore: None,
         },
     );
     kcp.metadata.namespace = Some("team-a".into());
@@ -92,13 +93,44 @@ fn cases() -> Vec<Case> {
         ("one_replica", |k| k.spec.replicas = Some(1), &[]),
         ("five_replicas", |k| k.spec.replicas = Some(5), &[]),
         (
-            "two_replicas_with_external_datastore",
+            "two_replicas_with_a_declared_external_datastore",
+            |k| {
+                k.spec.replicas = Some(2);
+                k.spec.external_datastore = Some(true);
+                k.spec.kthrees_config_spec.server_config.datastore_endpoint =
+                    Some("postgres://db:5432/k3s".into());
+            },
+            &[],
+        ),
+        (
+            // The bootstrap provider drops the field: the servers would run
+            // embedded etcd while we believed otherwise.
+            "datastore_endpoint_without_the_declaration",
+            |k| {
+                k.spec.kthrees_config_spec.server_config.datastore_endpoint =
+                    Some("postgres://db:5432/k3s".into());
+            },
+            &[Rule::DatastoreEndpointNeedsExternalDatastore],
+        ),
+        (
+            "two_replicas_with_a_datastore_endpoint_only",
             |k| {
                 k.spec.replicas = Some(2);
                 k.spec.kthrees_config_spec.server_config.datastore_endpoint =
                     Some("postgres://db:5432/k3s".into());
             },
-            &[],
+            &[
+                Rule::ReplicasOddWithEmbeddedEtcd,
+                Rule::DatastoreEndpointNeedsExternalDatastore,
+            ],
+        ),
+        (
+            "external_datastore_declared_false",
+            |k| {
+                k.spec.replicas = Some(2);
+                k.spec.external_datastore = Some(false);
+            },
+            &[Rule::ReplicasOddWithEmbeddedEtcd],
         ),
         (
             "prerelease_k3s_version",

@@ -57,15 +57,6 @@ impl KThreesConfigSpec {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
-
-    /// Whether k3s runs its embedded etcd: true unless the server config points
-    /// at an external datastore (k3s `--datastore-endpoint`).
-    pub fn etcd_is_embedded(&self) -> bool {
-        self.server_config
-            .datastore_endpoint
-            .as_deref()
-            .is_none_or(str::is_empty)
-    }
 }
 
 /// k3s server flags (`KThreesServerConfig` in Go). JSON names follow
@@ -122,9 +113,11 @@ pub struct KThreesServerConfig {
     pub system_default_registry: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub etcd_proxy_image: String,
-    /// External datastore (k3s `--datastore-endpoint`, e.g. a PostgreSQL URL).
-    /// Our addition: when set, etcd is not embedded, so even replica counts are
-    /// allowed and no etcd operations happen. cluster-api-k3s has no such field.
+    /// External datastore (k3s `--datastore-endpoint`). Not a field of
+    /// cluster-api-k3s's KThreesConfig: its API server drops it, so it never
+    /// reaches a server. Refused unless `spec.externalDatastore` says the
+    /// servers are configured for one another way; kept so YAML that sets it
+    /// is read, and refused with a message, rather than silently pruned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datastore_endpoint: Option<String>,
     /// Fields we do not model, kept as they are.

@@ -101,6 +101,12 @@ fn version_no_minor_skip_rule() -> kube::core::Rule {
     )))
 }
 
+/// Why `serverConfig.datastoreEndpoint` alone is refused (CEL and validator).
+pub const DATASTORE_ENDPOINT_MESSAGE: &str = "spec.kthreesConfigSpec.serverConfig.datastoreEndpoint: \
+cluster-api-k3s's bootstrap provider does not pass this field on (its KThreesConfig has no such field \
+and writes cluster-init: true for the first server), so the servers would run embedded etcd; \
+configure the datastore in kthreesConfigSpec.files and set spec.externalDatastore: true";
+
 /// Desired state of a k3s control plane.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -127,8 +133,11 @@ fn version_no_minor_skip_rule() -> kube::core::Rule {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(
-    "!has(self.replicas) || self.replicas < 1 || self.replicas % 2 == 1 || (has(self.kthreesConfigSpec) && has(self.kthreesConfigSpec.serverConfig) && has(self.kthreesConfigSpec.serverConfig.datastoreEndpoint) && self.kthreesConfigSpec.serverConfig.datastoreEndpoint != '')"
-).message("spec.replicas: must be odd while etcd is embedded (an even count adds no fault tolerance); set kthreesConfigSpec.serverConfig.datastoreEndpoint for an external datastore"))]
+    "!has(self.replicas) || self.replicas < 1 || self.replicas % 2 == 1 || (has(self.externalDatastore) && self.externalDatastore)"
+).message("spec.replicas: must be odd while etcd is embedded (an even count adds no fault tolerance); set spec.externalDatastore only if the servers really use an external datastore"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.kthreesConfigSpec) || !has(self.kthreesConfigSpec.serverConfig) || !has(self.kthreesConfigSpec.serverConfig.datastoreEndpoint) || self.kthreesConfigSpec.serverConfig.datastoreEndpoint == '' || (has(self.externalDatastore) && self.externalDatastore)"
+).message(DATASTORE_ENDPOINT_MESSAGE))]
 #[x_kube(validation = Rule::new(
     "has(self.machineTemplate) && has(self.machineTemplate.infrastructureRef) && has(self.machineTemplate.infrastructureRef.kind) && self.machineTemplate.infrastructureRef.kind != '' && has(self.machineTemplate.infrastructureRef.name) && self.machineTemplate.infrastructureRef.name != ''"
 ).message("spec.machineTemplate.infrastructureRef: required, with kind and name"))]
@@ -160,6 +169,15 @@ pub struct KThreesControlPlaneSpec {
     /// How unhealthy control-plane machines are remediated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation_strategy: Option<RemediationStrategy>,
+    /// The servers use an external datastore (k3s `--datastore-endpoint`),
+    /// configured outside this spec, e.g. as a `config.yaml.d` drop-in in
+    /// `kthreesConfigSpec.files`: cluster-api-k3s's bootstrap provider has no
+    /// datastore field and writes `cluster-init: true` for the first server.
+    /// Allows even replica counts and lets the controller skip etcd, unless
+    /// the workload cluster's Nodes show embedded etcd after all (k3s's etcd
+    /// label or annotations): then etcd is managed as usual. Our addition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_datastore: Option<bool>,
     /// How outdated machines are replaced (additive to cluster-api-k3s's
     /// schema; absent means a rolling update with maxSurge 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -361,8 +379,12 @@ impl KThreesControlPlane {
     }
 
     /// Whether k3s runs embedded etcd for this control plane.
+    /// Whether the spec says etcd is embedded: unless `spec.externalDatastore`
+    /// declares otherwise. What the workload cluster shows decides in the end
+    /// (see `controller::observe`): a declared external datastore whose Nodes
+    /// carry k3s's etcd marks is managed all the same.
     pub fn etcd_is_embedded(&self) -> bool {
-        self.spec.kthrees_config_spec.etcd_is_embedded()
+        self.spec.external_datastore != Some(true)
     }
 
     /// `minHealthyPeriod`, defaulted to 1h. `None` if the text is invalid.

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use regex::Regex;
 
-use super::kcp::{K3S_VERSION_PATTERN, KThreesControlPlane};
+use super::kcp::{DATASTORE_ENDPOINT_MESSAGE, K3S_VERSION_PATTERN, KThreesControlPlane};
 use super::refs::GoDuration;
 
 static K3S_VERSION: LazyLock<Regex> =
@@ -28,8 +28,11 @@ pub enum Rule {
     VersionFormat,
     /// `spec.replicas` >= 1.
     ReplicasAtLeastOne,
-    /// `spec.replicas` odd unless an external datastore is configured.
+    /// `spec.replicas` odd unless `spec.externalDatastore` is declared.
     ReplicasOddWithEmbeddedEtcd,
+    /// `serverConfig.datastoreEndpoint` only with `spec.externalDatastore`:
+    /// the bootstrap provider does not pass it on.
+    DatastoreEndpointNeedsExternalDatastore,
     /// `spec.machineTemplate.infrastructureRef` present with kind and name.
     InfrastructureRefRequired,
     /// `spec.remediationStrategy.maxRetry` >= 0.
@@ -50,10 +53,11 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 12] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
+        Rule::DatastoreEndpointNeedsExternalDatastore,
         Rule::InfrastructureRefRequired,
         Rule::MaxRetryNotNegative,
         Rule::RetryPeriodDuration,
@@ -71,6 +75,9 @@ impl Rule {
                 "spec.version"
             }
             Rule::ReplicasAtLeastOne | Rule::ReplicasOddWithEmbeddedEtcd => "spec.replicas",
+            Rule::DatastoreEndpointNeedsExternalDatastore => {
+                "spec.kthreesConfigSpec.serverConfig.datastoreEndpoint"
+            }
             Rule::InfrastructureRefRequired => "spec.machineTemplate.infrastructureRef",
             Rule::MaxRetryNotNegative => "spec.remediationStrategy.maxRetry",
             Rule::RetryPeriodDuration => "spec.remediationStrategy.retryPeriod",
@@ -170,6 +177,24 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
                  no more failures than {}",
                 replicas - 1
             ),
+        );
+    }
+
+    if spec
+        .kthrees_config_spec
+        .server_config
+        .datastore_endpoint
+        .as_deref()
+        .is_some_and(|e| !e.is_empty())
+        && kcp.etcd_is_embedded()
+    {
+        let field = Rule::DatastoreEndpointNeedsExternalDatastore.field();
+        fail(
+            Rule::DatastoreEndpointNeedsExternalDatastore,
+            DATASTORE_ENDPOINT_MESSAGE
+                .strip_prefix(&format!("{field}: "))
+                .unwrap_or(DATASTORE_ENDPOINT_MESSAGE)
+                .to_string(),
         );
     }
 

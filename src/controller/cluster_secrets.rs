@@ -237,7 +237,6 @@ pub fn secrets_view(
 ) -> SecretsView {
     SecretsView {
         cluster: cluster.to_string(),
-        etcd_embedded: kcp.etcd_is_embedded(),
         initialized: super::view::is_initialized(kcp),
         server_ca: ca_state(objects, CaPurpose::Server, kcp),
         client_ca: ca_state(objects, CaPurpose::Client, kcp),

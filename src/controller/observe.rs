@@ -233,7 +233,7 @@ pub async fn observe_management(
     };
     let Some(cluster_name) = cluster_name(&kcp) else {
         let reason = "no Cluster owns this control plane yet".to_string();
-        let secrets = crate::lifecycle::SecretsView::unobserved("", kcp.etcd_is_embedded(), now);
+        let secrets = crate::lifecycle::SecretsView::unobserved("", now);
         let world = World {
             kcp,
             cluster_name: None,
@@ -449,9 +449,26 @@ async fn read_workload(
         },
     };
     let workload = &world.workload;
+    // A declared external datastore is believed only while the Nodes agree:
+    // the bootstrap provider may well have started embedded etcd after all.
     if !world.kcp.etcd_is_embedded() {
-        world.etcd = EtcdObservation::NotManaged;
-        return Ok(None);
+        match workload {
+            WorkloadState::Nodes(_) if world.embedded_etcd_node().is_none() => {
+                world.etcd = EtcdObservation::NotManaged;
+                return Ok(None);
+            }
+            WorkloadState::Nodes(_) => {}
+            WorkloadState::Unavailable { reason } => {
+                world.etcd = EtcdObservation::Unreachable {
+                    reason: format!(
+                        "spec.externalDatastore is set, but the workload cluster's Nodes could not \
+                         be read to confirm that no server runs embedded etcd ({reason}); nothing \
+                         is removed until they can"
+                    ),
+                };
+                return Ok(None);
+            }
+        }
     }
     let etcd_secret = format!("{namespace}/{}", CaPurpose::Etcd.secret_name(&cluster_name));
     // Embedded etcd without usable credentials is unknown, never "not managed".

@@ -243,7 +243,7 @@ fn etcd_cluster_condition(
             ETCD_CLUSTER_HEALTHY,
             None,
             "EtcdNotManaged",
-            "kthreesConfigSpec.serverConfig.datastoreEndpoint is set: an external datastore, no etcd of ours",
+            "spec.externalDatastore is set and no workload Node shows embedded etcd: no etcd of ours",
             generation,
         ),
         EtcdObservation::NoCredentials { reason } => condition(
@@ -285,6 +285,15 @@ fn etcd_cluster_condition(
             }
             if let Some(err) = &snapshot.alarms_error {
                 message.push_str(&format!("; alarms could not be read: {err}"));
+            }
+            if !world.kcp.etcd_is_embedded()
+                && let Some(node) = world.embedded_etcd_node()
+            {
+                message.push_str(&format!(
+                    "; spec.externalDatastore is set, but Node {} carries k3s's etcd marks: \
+                     etcd is managed",
+                    node.name
+                ));
             }
             // Direct is the plain case (inspect and the metric say it);
             // a tunnel is worth telling where the health is read.
@@ -581,7 +590,7 @@ mod tests {
             machines: vec![],
             foreign_machines: vec![],
             workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
+            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             etcd_transport: None,

@@ -378,7 +378,7 @@ mod tests {
             machines: vec![],
             foreign_machines: vec![],
             workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now()),
+            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             members_first_seen: Default::default(),

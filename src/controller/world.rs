@@ -21,7 +21,8 @@ pub enum WorkloadState {
 /// What could be read of the workload cluster's etcd.
 #[derive(Clone, Debug)]
 pub enum EtcdObservation {
-    /// An external datastore (`serverConfig.datastoreEndpoint`): no etcd of ours.
+    /// `spec.externalDatastore`, and no workload Node shows embedded etcd:
+    /// no etcd of ours.
     NotManaged,
     /// Embedded etcd, but the `<cluster>-etcd` Secret is missing or unusable:
     /// the membership is unknown, so nothing may be removed.
@@ -72,6 +73,12 @@ impl World {
 
     pub fn node(&self, name: &str) -> Option<&ControlPlaneNode> {
         self.nodes().iter().find(|n| n.name == name)
+    }
+
+    /// A Node that shows embedded etcd (k3s's etcd label or annotations).
+    /// With `spec.externalDatastore` set, one is enough for etcd to be managed.
+    pub fn embedded_etcd_node(&self) -> Option<&ControlPlaneNode> {
+        self.nodes().iter().find(|n| n.shows_embedded_etcd())
     }
 
     pub fn snapshot(&self) -> Option<&MembershipSnapshot> {

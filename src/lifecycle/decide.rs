@@ -205,7 +205,6 @@ mod tests {
             },
             secrets: SecretsView {
                 cluster: "c".into(),
-                etcd_embedded: true,
                 initialized: false,
                 server_ca: valid.clone(),
                 client_ca: valid.clone(),

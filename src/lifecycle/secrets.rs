@@ -87,7 +87,6 @@ pub enum KubeconfigState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretsView {
     pub cluster: String,
-    pub etcd_embedded: bool,
     /// Once the control plane is initialized its servers run on these CAs: a
     /// CA that disappears is restored by a person, never generated anew (a new
     /// CA would not match what the servers trust).
@@ -106,10 +105,9 @@ pub struct SecretsView {
 
 impl SecretsView {
     /// Nothing read yet (every Secret missing, no endpoint).
-    pub fn unobserved(cluster: &str, etcd_embedded: bool, now: DateTime<Utc>) -> Self {
+    pub fn unobserved(cluster: &str, now: DateTime<Utc>) -> Self {
         SecretsView {
             cluster: cluster.to_string(),
-            etcd_embedded,
             initialized: false,
             server_ca: SecretState::Missing,
             client_ca: SecretState::Missing,
@@ -131,11 +129,13 @@ impl SecretsView {
     }
 
     /// The CAs this control plane needs (the etcd CA only with embedded etcd).
+    ///
+    /// The etcd CA too when the spec declares an external datastore: the
+    /// bootstrap provider writes it onto every server whatever the spec says,
+    /// and a server that runs embedded etcd after all must run it on a CA we
+    /// hold, or its membership could never be read.
     pub fn needed_cas(&self) -> Vec<CaPurpose> {
-        CaPurpose::ALL
-            .into_iter()
-            .filter(|p| *p != CaPurpose::Etcd || self.etcd_embedded)
-            .collect()
+        CaPurpose::ALL.to_vec()
     }
 }
 
@@ -294,7 +294,6 @@ mod tests {
     fn complete() -> SecretsView {
         SecretsView {
             cluster: "c".into(),
-            etcd_embedded: true,
             initialized: false,
             server_ca: valid(true),
             client_ca: valid(true),
@@ -360,16 +359,6 @@ mod tests {
                 ],
                 false,
                 Some("waiting for the server and client CAs"),
-            ),
-            (
-                "external datastore: no etcd CA is generated",
-                with(|v| {
-                    v.etcd_embedded = false;
-                    v.etcd_ca = SecretState::Missing;
-                }),
-                vec![],
-                true,
-                None,
             ),
             (
                 "user-supplied CAs (not ours) are used as they are",

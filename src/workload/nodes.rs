@@ -87,6 +87,13 @@ impl ControlPlaneNode {
         })
     }
 
+    /// k3s marked this Node as running embedded etcd: its etcd role label or
+    /// its etcd member annotations. Only `--disable-etcd` servers (and
+    /// external-datastore servers) have none of them.
+    pub fn shows_embedded_etcd(&self) -> bool {
+        self.etcd_role || self.etcd_member_name.is_some() || self.etcd_node_address.is_some()
+    }
+
     /// The IP the node's etcd member listens on: the first InternalIP, else the
     /// address k3s annotated for etcd.
     pub fn etcd_ip(&self) -> Option<IpAddr> {

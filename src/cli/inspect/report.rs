@@ -347,7 +347,7 @@ impl Report {
             EtcdObservation::NotManaged => EtcdReport {
                 state: "notManaged",
                 reason: Some(
-                    "external datastore (serverConfig.datastoreEndpoint): no etcd of ours".into(),
+                    "external datastore (spec.externalDatastore, and no Node shows embedded etcd): no etcd of ours".into(),
                 ),
                 cluster_id: None,
                 leader: None,
@@ -509,7 +509,7 @@ mod report_tests {
                 server: None,
                 problem: None,
             },
-            ..crate::lifecycle::SecretsView::unobserved("c", true, chrono::Utc::now())
+            ..crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now())
         }
     }
 
