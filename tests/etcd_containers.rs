@@ -238,6 +238,8 @@ fn timeouts() -> Timeouts {
         call: Duration::from_secs(3),
         probe: Duration::from_secs(2),
         confirm: Duration::from_secs(15),
+        // The containers' --election-timeout.
+        election: Duration::from_millis(1500),
     }
 }
 

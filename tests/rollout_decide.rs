@@ -57,6 +57,16 @@ fn members(view: &mut ControlPlaneView) -> &mut Vec<MemberView> {
     }
 }
 
+/// A Node that shows embedded etcd without a member; `confirmed`: past grace.
+fn missing(confirmed: bool) -> k3s_control_plane::remediation::model::MemberMissing {
+    k3s_control_plane::remediation::model::MemberMissing {
+        node: "node-cp-3".into(),
+        marks: "label node-role.kubernetes.io/etcd=true".into(),
+        since: start(),
+        confirmed,
+    }
+}
+
 /// A surge Machine cp-4 (up to date) beside the three.
 fn surged(view: &mut ControlPlaneView) -> &mut MachineView {
     view.machines.push(machine(4, false));
@@ -171,6 +181,28 @@ fn cases() -> Vec<Case> {
             1,
             |v| members(v)[2].alarms = vec!["NOSPACE".into()],
             Some("rollout.etcd-member-unhealthy"),
+        ),
+        (
+            // k3s keeps the etcd marks on a server whose member it removed or
+            // evicted: the cluster runs a voter short of its servers.
+            "a_server_whose_member_is_missing_blocks_the_surge",
+            1,
+            |v| {
+                v.machines[2].etcd_member = None;
+                v.machines[2].etcd_member_missing = Some(missing(true));
+                members(v).pop();
+            },
+            Some("rollout.etcd-member-missing"),
+        ),
+        (
+            "a_missing_member_within_its_grace_period_does_not_block",
+            1,
+            |v| {
+                v.machines[2].etcd_member = None;
+                v.machines[2].etcd_member_missing = Some(missing(false));
+                members(v).pop();
+            },
+            Some("rollout.surge"),
         ),
         (
             "unreadable_membership_blocks_the_surge",

@@ -545,6 +545,13 @@ async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() 
             &[("InternalIP", "10.0.0.11")],
         ),
         node("worker-2", &[], &[], &[("InternalIP", "10.0.0.12")]),
+        // An etcd-only server (k3s --disable-apiserver): the etcd label alone.
+        node(
+            "etcd-3",
+            &[("node-role.kubernetes.io/etcd", "true")],
+            &[],
+            &[("InternalIP", "10.0.0.13")],
+        ),
     ] {
         nodes.create(&PostParams::default(), &n).await.unwrap();
     }
@@ -574,10 +581,16 @@ async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() 
     let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0", "legacy-1"])
         .await
         .unwrap();
-    assert_eq!(names(found), ["cp-0", "legacy-1"]);
+    assert_eq!(names(found), ["cp-0", "etcd-3", "legacy-1"]);
     assert_eq!(
         node_lists() - before,
-        2,
-        "a missing Node: the master label too"
+        3,
+        "a missing Node: the master and etcd labels too"
     );
+
+    // An etcd-only server's Machine: found by the etcd label.
+    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0", "etcd-3"])
+        .await
+        .unwrap();
+    assert_eq!(names(found), ["cp-0", "etcd-3", "legacy-1"]);
 }

@@ -103,6 +103,15 @@ pub const K3S_ETCD_NODE_NAME_ANNOTATION: &str = "etcd.k3s.cattle.io/node-name";
 pub const K3S_ETCD_NODE_ADDRESS_ANNOTATION: &str = "etcd.k3s.cattle.io/node-address";
 /// `true` on Nodes running an etcd member.
 pub const NODE_ROLE_ETCD_LABEL: &str = "node-role.kubernetes.io/etcd";
+/// Node condition k3s's etcd leader keeps on every etcd Node: `True`
+/// (`MemberNotLearner`), or `False` with `MemberIsLearner`, `Unhealthy` or
+/// `NotAMember` (k3s `pkg/etcd/etcd.go`, `setEtcdStatusCondition`).
+pub const K3S_ETCD_IS_VOTER_CONDITION: &str = "EtcdIsVoter";
+/// `EtcdIsVoter=False` reason: no etcd member carries the Node's name.
+pub const K3S_NOT_A_MEMBER_REASON: &str = "NotAMember";
+/// The finalizer k3s's etcd member controller puts on every etcd Node: deleting
+/// the Node removes its member (k3s `pkg/etcd/member_controller.go`).
+pub const K3S_ETCD_NODE_FINALIZER: &str = "wrangler.cattle.io/managed-etcd-controller";
 /// Control-plane Node role label (current name).
 pub const NODE_ROLE_CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 /// Control-plane Node role label (legacy name, still set by k3s).

@@ -79,6 +79,11 @@ pub struct RunArgs {
     /// over. `0`: one step per reconcile.
     #[arg(long, default_value_t = 8)]
     pub max_chained_steps: u32,
+    /// The raft election timeout of the workload clusters' etcd (k3s starts
+    /// etcd with 5s). A leadership move waits up to two of them, and a move
+    /// or a removal is confirmed for up to three.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub etcd_election_timeout: Duration,
     /// Log level of the controller's own messages: error, warn, info, debug
     /// or trace. Client libraries stay at warn; RUST_LOG, when set, overrides both.
     #[arg(long, default_value = "info", value_parser = ["error", "warn", "info", "debug", "trace"])]
@@ -247,11 +252,14 @@ pub async fn run(args: RunArgs) -> ExitCode {
         max_chained_steps: args.max_chained_steps,
         ..Settings::default()
     };
+    let etcd_pool = EtcdPool::with_timeouts(crate::etcd::Timeouts::for_election_timeout(
+        args.etcd_election_timeout,
+    ));
     match election {
         None => {
             probes.set_leadership("leader election disabled: this process acts");
             metrics.leader.set(1);
-            let ctx = Context::new(client, metrics, EtcdPool::default(), settings);
+            let ctx = Context::new(client, metrics, etcd_pool, settings);
             controller::run(ctx, shutdown.cancelled_owned()).await;
         }
         Some(election) => {
@@ -276,13 +284,8 @@ pub async fn run(args: RunArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let ctx = Context::new_with_leader(
-                fenced,
-                metrics,
-                EtcdPool::default(),
-                settings,
-                election.guard(),
-            );
+            let ctx =
+                Context::new_with_leader(fenced, metrics, etcd_pool, settings, election.guard());
             leader::run_elected(ctx, shutdown).await;
             // Only now, with the controller stopped, hand the Lease over.
             election.stop().await;

@@ -31,6 +31,10 @@ pub struct Settings {
     /// How long a ghost or orphan etcd member must have been seen before it is
     /// removed (a join in progress gets this long to finish).
     pub orphan_grace: Duration,
+    /// How long a server's Node may show embedded etcd (k3s's label,
+    /// annotations, `EtcdIsVoter=False`) without an etcd member before the
+    /// Machine's `EtcdMemberHealthy` turns False (`EtcdMemberMissing`).
+    pub member_missing_grace: Duration,
     /// How etcd members are reached (`run --etcd-transport`).
     pub etcd_transport: super::etcd_pool::TransportMode,
     /// `run --watch-filter`: only control planes (and Clusters) labelled
@@ -59,6 +63,7 @@ impl Default for Settings {
             error_backoff_max: Duration::from_secs(300),
             kubeconfig: KubeconfigPolicy::default(),
             orphan_grace: Duration::from_secs(300),
+            member_missing_grace: Duration::from_secs(120),
             etcd_transport: super::etcd_pool::TransportMode::Auto,
             watch_filter: None,
             namespace: None,

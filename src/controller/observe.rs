@@ -249,6 +249,7 @@ pub async fn observe_management(
             members_first_seen: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
+            member_missing_grace: ctx.settings.member_missing_grace,
             now,
         };
         let read = ManagementRead {
@@ -335,6 +336,7 @@ pub async fn observe_management(
             members_first_seen: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
+            member_missing_grace: ctx.settings.member_missing_grace,
             now,
         },
         ManagementRead {

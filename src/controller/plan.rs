@@ -163,30 +163,46 @@ fn step_action(removal: Removal, step: Step) -> (Action, String, String) {
 }
 
 /// The orphan rule's input: members no Machine maps to, the member names the
-/// workload Nodes claim (k3s annotation, or the `<node>-<8 hex>` name).
+/// workload Nodes claim (k3s annotation, or the `<node>-<8 hex>` name). A
+/// Terminating Node claims nothing: k3s's finalizer is removing its member
+/// (and holds the Node while it cannot), so the member is as good as orphaned.
 fn orphan_input(world: &World, mapping: Option<&MembershipMap>) -> OrphanInput {
-    let claimed_by_nodes = world
+    let claiming_node = |member: &str, deleting: bool| {
+        world
+            .nodes()
+            .iter()
+            .filter(|n| n.deleting == deleting)
+            .find(|n| {
+                n.etcd_member_name.as_deref() == Some(member)
+                    || crate::membership::node_of_member_name(member) == Some(n.name.as_str())
+            })
+            .map(|n| n.name.clone())
+    };
+    let named: Vec<&str> = world
         .snapshot()
         .map(|s| {
             s.members
                 .iter()
-                .filter(|m| !m.name.is_empty())
-                .filter(|m| {
-                    world.nodes().iter().any(|n| {
-                        n.etcd_member_name.as_deref() == Some(m.name.as_str())
-                            || crate::membership::node_of_member_name(&m.name)
-                                == Some(n.name.as_str())
-                    })
-                })
-                .map(|m| m.name.clone())
+                .map(|m| m.name.as_str())
+                .filter(|n| !n.is_empty())
                 .collect()
         })
         .unwrap_or_default();
+    let claimed_by_nodes = named
+        .iter()
+        .filter(|m| claiming_node(m, false).is_some())
+        .map(|m| m.to_string())
+        .collect();
+    let terminating_nodes = named
+        .iter()
+        .filter_map(|m| claiming_node(m, true).map(|node| (m.to_string(), node)))
+        .collect();
     OrphanInput {
         members_without_machine: mapping
             .map(|m| m.members_without_machine.iter().map(|r| r.id).collect())
             .unwrap_or_default(),
         claimed_by_nodes,
+        terminating_nodes,
         first_seen: world.members_first_seen.clone(),
         grace: world.orphan_grace,
     }

@@ -368,13 +368,46 @@ pub fn machine_conditions(world: &World, plan: &Plan, machine: &Machine) -> Mach
                     generation,
                 ),
             },
-            None => condition(
-                ETCD_MEMBER_HEALTHY,
-                None,
-                "NoEtcdMember",
-                "no etcd member maps to this Machine (a server without etcd, or not joined yet)",
-                generation,
-            ),
+            None => match &view.etcd_member_missing {
+                Some(missing) if missing.confirmed => condition(
+                    ETCD_MEMBER_HEALTHY,
+                    Some(false),
+                    "EtcdMemberMissing",
+                    format!(
+                        "Node {} shows embedded etcd ({}) but no etcd member maps to it since {}: \
+                         its member was removed or evicted",
+                        missing.node,
+                        missing.marks,
+                        missing
+                            .since
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                    generation,
+                ),
+                Some(missing) => condition(
+                    ETCD_MEMBER_HEALTHY,
+                    None,
+                    "WaitingForEtcdMember",
+                    format!(
+                        "Node {} shows embedded etcd ({}) but no etcd member maps to it since {}; \
+                         a restarting server rejoins as a learner within the grace period",
+                        missing.node,
+                        missing.marks,
+                        missing
+                            .since
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                    generation,
+                ),
+                None => condition(
+                    ETCD_MEMBER_HEALTHY,
+                    None,
+                    "NoEtcdMember",
+                    "no etcd member maps to this Machine and its Node shows no embedded etcd \
+                     (a server without etcd, or no Node yet)",
+                    generation,
+                ),
+            },
         });
     }
     if let Some(view) = view {
@@ -596,6 +629,7 @@ mod tests {
             etcd_transport: None,
             members_first_seen: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
+            member_missing_grace: std::time::Duration::from_secs(120),
             now: chrono::Utc::now(),
         }
     }

@@ -6,17 +6,18 @@ use std::collections::BTreeMap;
 use crate::api::conditions::ConditionView;
 use crate::api::names::{
     CAPI_PRE_TERMINATE_HOOK_PREFIX, DELETE_MACHINE_ANNOTATION, EXTERNALLY_REMEDIATED_CONDITION,
-    HEALTH_CHECK_SUCCEEDED_CONDITION, K3S_ETCD_NODE_NAME_ANNOTATION, OWNER_REMEDIATED_CONDITION,
-    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATE_MACHINE_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
-    REMEDIATION_IN_PROGRESS_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
-    UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
+    HEALTH_CHECK_SUCCEEDED_CONDITION, K3S_ETCD_NODE_NAME_ANNOTATION, K3S_NOT_A_MEMBER_REASON,
+    OWNER_REMEDIATED_CONDITION, PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATE_MACHINE_ANNOTATION,
+    REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
 };
 use crate::api::names::{KCP_FINALIZER, PAUSED_ANNOTATION};
 use crate::api::{KThreesControlPlane, Machine};
 use crate::lifecycle::{ClusterState, LifecycleView, OwnedMachine};
 use crate::membership::{self, MachineRef, MemberRef, MembershipMap};
 use crate::remediation::model::{
-    ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy,
+    ControlPlaneView, EtcdState, MachineView, MemberMissing, Membership, RemediationData,
+    RemediationStrategy,
 };
 use crate::remediation::steps::parse_hook_value;
 
@@ -302,12 +303,50 @@ fn machine_view(
         etcd_member: mapping
             .and_then(|m| m.member_of(&name))
             .map(|p| p.member.id),
+        etcd_member_missing: member_missing(world, machine, mapping),
         components_healthy: node.and_then(|n| n.ready),
         has_our_hook: annotations.contains_key(PRE_TERMINATE_HOOK_ANNOTATION),
         hook_member,
         has_upstream_hook: has_upstream_hook(annotations),
         other_pre_terminate_hooks: other_pre_terminate_hooks(annotations),
         waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,
+    })
+}
+
+/// `machine`'s Node shows embedded etcd but the membership read this time maps
+/// no member to it. Judged only on a membership that was read, and never for
+/// a deleting Machine (its member is being removed on purpose).
+fn member_missing(
+    world: &World,
+    machine: &Machine,
+    mapping: Option<&MembershipMap>,
+) -> Option<MemberMissing> {
+    let mapping = mapping?;
+    world.snapshot()?;
+    if machine.is_deleting() {
+        return None;
+    }
+    let name = name_of(machine);
+    if mapping.member_of(&name).is_some() {
+        return None;
+    }
+    let node = machine.node_name().and_then(|n| world.node(n))?;
+    if !node.shows_embedded_etcd() {
+        return None;
+    }
+    let since = node
+        .etcd_voter
+        .as_ref()
+        .filter(|v| !v.voter && v.reason == K3S_NOT_A_MEMBER_REASON)
+        .and_then(|v| v.since)
+        .or(node.created)
+        .unwrap_or(world.now);
+    let waited = (world.now - since).to_std().unwrap_or_default();
+    Some(MemberMissing {
+        node: node.name.clone(),
+        marks: node.etcd_marks(),
+        since,
+        confirmed: waited >= world.member_missing_grace,
     })
 }
 
@@ -384,6 +423,7 @@ mod tests {
             members_first_seen: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
+            member_missing_grace: std::time::Duration::from_secs(120),
             now: chrono::Utc::now(),
         }
     }
@@ -449,6 +489,122 @@ mod tests {
             "{:?}",
             view.etcd
         );
+    }
+
+    /// A server Node and its Machine, for the missing-member table.
+    fn server(
+        node_marks: fn(&mut crate::workload::ControlPlaneNode),
+    ) -> (Machine, crate::workload::ControlPlaneNode) {
+        let machine: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m-1", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"clusterName": "c",
+                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": "m-1"}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m-1"},
+                     "version": "v1.30.2+k3s2"},
+            "status": {"nodeRef": {"name": "cp-1"}}
+        }))
+        .unwrap();
+        let mut node = crate::workload::ControlPlaneNode {
+            name: "cp-1".into(),
+            etcd_member_name: None,
+            etcd_node_address: None,
+            etcd_role: false,
+            internal_ips: vec!["10.0.0.2".parse().unwrap()],
+            addresses: vec![("InternalIP".into(), "10.0.0.2".into())],
+            ready: Some(true),
+            etcd_voter: None,
+            created: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
+            deleting: false,
+        };
+        node_marks(&mut node);
+        (machine, node)
+    }
+
+    /// EtcdMemberMissing: a server whose Node shows embedded etcd but whose
+    /// member is gone; never for a `--disable-etcd` server, a deleting Machine,
+    /// or while the grace period runs (a restart rejoins as a learner).
+    #[test]
+    fn a_member_is_missing_only_where_the_node_shows_embedded_etcd() {
+        use crate::workload::nodes::EtcdVoterCondition;
+        type Marks = fn(&mut crate::workload::ControlPlaneNode);
+        let cases: Vec<(&str, Marks, bool, Option<bool>)> = vec![
+            ("disable_etcd_server_has_no_marks", |_| {}, false, None),
+            (
+                "etcd_label_without_member",
+                |n| n.etcd_role = true,
+                false,
+                Some(true),
+            ),
+            (
+                "member_annotation_without_member",
+                |n| n.etcd_member_name = Some("cp-1-0000000a".into()),
+                false,
+                Some(true),
+            ),
+            (
+                "not_a_member_for_an_hour",
+                |n| {
+                    n.etcd_role = true;
+                    n.etcd_voter = Some(EtcdVoterCondition {
+                        voter: false,
+                        reason: "NotAMember".into(),
+                        message: String::new(),
+                        since: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
+                    });
+                },
+                false,
+                Some(true),
+            ),
+            (
+                "not_a_member_within_the_grace_period",
+                |n| {
+                    n.etcd_role = true;
+                    n.etcd_voter = Some(EtcdVoterCondition {
+                        voter: false,
+                        reason: "NotAMember".into(),
+                        message: String::new(),
+                        since: Some(chrono::Utc::now() - chrono::Duration::seconds(10)),
+                    });
+                },
+                false,
+                Some(false),
+            ),
+            (
+                "deleting_machine_is_never_missing",
+                |n| n.etcd_role = true,
+                true,
+                None,
+            ),
+        ];
+        for (name, marks, deleting, want) in cases {
+            let (mut machine, node) = server(marks);
+            if deleting {
+                machine.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+            }
+            let mut w = world(EtcdObservation::Observed(snapshot(None)));
+            w.machines = vec![machine];
+            w.workload = WorkloadState::Nodes(vec![node]);
+            let map = mapping(&w);
+            let view = control_plane_view(&w, map.as_ref()).unwrap();
+            let got = view.machines[0]
+                .etcd_member_missing
+                .as_ref()
+                .map(|m| m.confirmed);
+            assert_eq!(
+                got, want,
+                "{name}: {:?}",
+                view.machines[0].etcd_member_missing
+            );
+            assert_eq!(
+                view.etcd_member_unhealthy(&view.machines[0]),
+                want == Some(true),
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct World {
     pub members_first_seen: std::collections::BTreeMap<u64, DateTime<Utc>>,
     /// How long a ghost or orphan member must be seen before it is removed.
     pub orphan_grace: std::time::Duration,
+    /// How long a server's Node may show embedded etcd without a member
+    /// before that counts as an unhealthy member (a restart rejoining).
+    pub member_missing_grace: std::time::Duration,
     pub now: DateTime<Utc>,
 }
 

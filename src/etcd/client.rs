@@ -33,16 +33,43 @@ pub struct Timeouts {
     /// How long to wait for a leadership move or a removal to be confirmed,
     /// and how long to retry a removal etcd reports as transiently unsafe.
     pub confirm: Duration,
+    /// The cluster's raft election timeout. A leadership move may take an
+    /// election to settle: its call waits at least two of them, and the
+    /// confirmations at least three, whatever `call` and `confirm` say.
+    pub election: Duration,
 }
+
+/// k3s runs its embedded etcd with a 5000 ms election timeout and a 500 ms
+/// heartbeat (k3s `pkg/etcd/etcd.go`, the `ETCDConfig` it starts etcd with).
+pub const K3S_ELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for Timeouts {
     fn default() -> Self {
+        Self::for_election_timeout(K3S_ELECTION_TIMEOUT)
+    }
+}
+
+impl Timeouts {
+    /// Limits for a cluster whose raft election timeout is `election`.
+    pub fn for_election_timeout(election: Duration) -> Self {
         Self {
             connect: Duration::from_secs(2),
             call: Duration::from_secs(5),
             probe: Duration::from_secs(2),
             confirm: Duration::from_secs(15),
+            election,
         }
+    }
+
+    /// The limit of one MoveLeader call: etcd answers once the transferee
+    /// leads, which can take an election.
+    pub fn move_leader(&self) -> Duration {
+        self.call.max(self.election * 2)
+    }
+
+    /// How long a leadership move or a removal is awaited.
+    pub fn confirmation(&self) -> Duration {
+        self.confirm.max(self.election * 3)
     }
 }
 
@@ -362,5 +389,27 @@ mod tests {
         ] {
             assert_eq!(https_uri(given.parse().unwrap()).to_string(), expected);
         }
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    /// At k3s's 5 s election timeout a leadership move may take an election:
+    /// the call waits two, the confirmation three, never less than the
+    /// constants tuned for fast test clusters.
+    #[test]
+    fn move_and_confirmation_limits_follow_the_election_timeout() {
+        let k3s = Timeouts::default();
+        assert_eq!(k3s.election, K3S_ELECTION_TIMEOUT);
+        assert_eq!(k3s.move_leader(), Duration::from_secs(10));
+        assert_eq!(k3s.confirmation(), Duration::from_secs(15));
+        let slow = Timeouts::for_election_timeout(Duration::from_secs(10));
+        assert_eq!(slow.move_leader(), Duration::from_secs(20));
+        assert_eq!(slow.confirmation(), Duration::from_secs(30));
+        let fast = Timeouts::for_election_timeout(Duration::from_millis(1500));
+        assert_eq!(fast.move_leader(), fast.call);
+        assert_eq!(fast.confirmation(), fast.confirm);
     }
 }

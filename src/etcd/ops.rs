@@ -120,7 +120,7 @@ impl EtcdCluster {
             .call(
                 &leader_endpoint,
                 "move leader",
-                self.timeouts().call,
+                self.timeouts().move_leader(),
                 |mut c| async move { c.move_leader(transferee_id).await },
             )
             .await;
@@ -161,7 +161,7 @@ impl EtcdCluster {
         target: u64,
         observer: &ListedMember,
     ) -> Result<u64, EtcdError> {
-        let deadline = Instant::now() + self.timeouts().confirm;
+        let deadline = Instant::now() + self.timeouts().confirmation();
         loop {
             let last = match self.probe(observer, self.timeouts().probe).await {
                 Ok((_, status)) if status.leader != 0 && status.leader != target => {
@@ -173,7 +173,7 @@ impl EtcdCluster {
             if Instant::now() >= deadline {
                 return Err(EtcdError::NotConfirmed {
                     what: format!("leadership leaving {target:016x}"),
-                    after: self.timeouts().confirm,
+                    after: self.timeouts().confirmation(),
                     last,
                 });
             }
@@ -247,7 +247,7 @@ impl EtcdCluster {
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(200))
             .with_max_delay(Duration::from_secs(1))
-            .with_total_delay(Some(self.timeouts().confirm))
+            .with_total_delay(Some(self.timeouts().confirmation()))
             .without_max_times();
         let result = (|| async {
             attempts.fetch_add(1, Ordering::Relaxed);
@@ -274,7 +274,7 @@ impl EtcdCluster {
     /// Poll `receiver`'s member list until `id` is absent.
     async fn confirm_gone(&self, receiver: &ListedMember, id: u64) -> Result<(), EtcdError> {
         let endpoint = self.member_endpoint(receiver)?;
-        let deadline = Instant::now() + self.timeouts().confirm;
+        let deadline = Instant::now() + self.timeouts().confirmation();
         loop {
             let last = match self.member_list_from(&endpoint, self.timeouts().call).await {
                 Ok(list) if list.members.iter().all(|m| m.id != id) => return Ok(()),
@@ -284,7 +284,7 @@ impl EtcdCluster {
             if Instant::now() >= deadline {
                 return Err(EtcdError::NotConfirmed {
                     what: format!("removal of {id:016x}"),
-                    after: self.timeouts().confirm,
+                    after: self.timeouts().confirmation(),
                     last,
                 });
             }

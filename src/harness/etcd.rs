@@ -608,6 +608,7 @@ impl EtcdTestCluster {
                 call: Duration::from_secs(3),
                 probe: Duration::from_secs(2),
                 confirm: Duration::from_secs(15),
+                election: Duration::from_millis(u64::from(opts.raft_timing.1)),
             },
         )?;
         let mut cluster = Self {

@@ -149,6 +149,22 @@ pub enum EtcdState {
     Observed(Membership),
 }
 
+/// A Machine whose Node shows embedded etcd (k3s's etcd label, annotations or
+/// `EtcdIsVoter=False`) while no etcd member maps to it: its member was
+/// removed or evicted, and k3s keeps the marks (only `--disable-etcd` has none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberMissing {
+    pub node: String,
+    /// What marked the Node as an etcd node.
+    pub marks: String,
+    /// Since when: `EtcdIsVoter=False NotAMember`'s transition, else the
+    /// Node's creation.
+    pub since: DateTime<Utc>,
+    /// The grace period has passed: it counts as an unhealthy etcd member
+    /// (picked first for remediation, fails preflight).
+    pub confirmed: bool,
+}
+
 /// One control-plane Machine as observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MachineView {
@@ -180,6 +196,8 @@ pub struct MachineView {
     /// Its etcd member, from the mapping; `None`: no member (`--disable-etcd`,
     /// or its member never joined).
     pub etcd_member: Option<u64>,
+    /// No member, although its Node shows embedded etcd.
+    pub etcd_member_missing: Option<MemberMissing>,
     /// API server / controller manager / scheduler conditions; `None`: unknown.
     pub components_healthy: Option<bool>,
     /// Our pre-terminate hook annotation is on the Machine.
@@ -218,6 +236,7 @@ impl MachineView {
             outdated: false,
             outdated_reasons: Vec::new(),
             etcd_member: None,
+            etcd_member_missing: None,
             components_healthy: None,
             has_our_hook: false,
             hook_member: None,
@@ -307,11 +326,17 @@ impl ControlPlaneView {
         self.membership()?.member(id)
     }
 
-    /// The machine's etcd member is unhealthy (probe error or alarm); a machine
-    /// without a member has no etcd problem we could see.
+    /// The machine's etcd member is unhealthy (probe error or alarm), or is
+    /// missing past its grace period while the Node shows embedded etcd. A
+    /// machine whose Node shows no etcd (`--disable-etcd`) has no etcd problem.
     pub fn etcd_member_unhealthy(&self, machine: &MachineView) -> bool {
         self.member_of(machine)
             .is_some_and(|m| m.unhealthy_reason().is_some())
+            || (self.membership().is_some()
+                && machine
+                    .etcd_member_missing
+                    .as_ref()
+                    .is_some_and(|m| m.confirmed))
     }
 }
 

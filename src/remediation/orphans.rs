@@ -29,6 +29,9 @@ pub struct OrphanInput {
     pub members_without_machine: Vec<u64>,
     /// Member names some workload Node claims (k3s annotation or name prefix).
     pub claimed_by_nodes: Vec<String>,
+    /// Member name -> its Node, which is Terminating (claims nothing: k3s's
+    /// finalizer removes the member, and holds the Node while it cannot).
+    pub terminating_nodes: BTreeMap<String, String>,
     /// When this controller first saw each member id.
     pub first_seen: BTreeMap<u64, DateTime<Utc>>,
     pub grace: Duration,
@@ -81,9 +84,16 @@ pub fn decide_orphans(
     candidates.sort_by_key(|m| (!m.name.is_empty(), m.unhealthy_reason().is_none(), m.id));
     let target = candidates[0];
     let label = member_label(target.id, &target.name);
+    let terminating = input.terminating_nodes.get(&target.name).map(|node| {
+        format!(
+            "; its Node {node} is Terminating, held by k3s's finalizer {} until the member \
+             is gone",
+            crate::api::names::K3S_ETCD_NODE_FINALIZER
+        )
+    });
     let wait = |reason: String| OrphanDecision::Wait {
         member: format!("{label}, {}", kind(target)),
-        reason,
+        reason: format!("{reason}{}", terminating.as_deref().unwrap_or_default()),
     };
     if !view.initialized {
         return wait("the control plane is not initialized".into());
@@ -186,6 +196,7 @@ mod tests {
         OrphanInput {
             members_without_machine: without.clone(),
             claimed_by_nodes: vec![],
+            terminating_nodes: BTreeMap::new(),
             first_seen: without
                 .iter()
                 .map(|id| (*id, now() - chrono::Duration::seconds(seen_ago)))
@@ -290,6 +301,35 @@ mod tests {
             decide_orphans(&three_with(extra), &unclaimed, now()),
             OrphanDecision::Remove { kind, .. } if kind.starts_with("orphan")
         ));
+    }
+
+    /// A member whose Node is Terminating (k3s's finalizer could not remove
+    /// it, e.g. while quorum was lost) is claimed by nothing: it is removed
+    /// once quorum allows, and a wait says why the Node still stands.
+    #[test]
+    fn a_member_of_a_terminating_node_is_an_orphan_and_the_wait_names_the_node() {
+        let extra = member(9, "gone-3-dddddddd", true);
+        let mut terminating = input(vec![9], 120);
+        terminating
+            .terminating_nodes
+            .insert("gone-3-dddddddd".into(), "gone-3".into());
+        assert!(matches!(
+            decide_orphans(&three_with(extra.clone()), &terminating, now()),
+            OrphanDecision::Remove { member: 9, .. }
+        ));
+        let mut early = terminating.clone();
+        early
+            .first_seen
+            .insert(9, now() - chrono::Duration::seconds(10));
+        match decide_orphans(&three_with(extra), &early, now()) {
+            OrphanDecision::Wait { reason, .. } => assert!(
+                reason.contains("grace period")
+                    && reason.contains("Node gone-3 is Terminating")
+                    && reason.contains("wrangler.cattle.io/managed-etcd-controller"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

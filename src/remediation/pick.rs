@@ -209,6 +209,22 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_whose_node_shows_etcd_without_a_member_has_an_etcd_issue() {
+        // m2's member was removed or evicted; k3s kept the etcd marks on its Node.
+        let m1 = machine("m1", 0, 1);
+        let mut m2 = machine("m2", 1, 2);
+        m2.etcd_member = None;
+        m2.etcd_member_missing = Some(crate::remediation::model::MemberMissing {
+            node: "node-m2".into(),
+            marks: "EtcdIsVoter=False (NotAMember)".into(),
+            since: t(0),
+            confirmed: true,
+        });
+        let v = view(vec![m1, m2], &[]);
+        assert_eq!(pick(&v), ("m2".into(), PickReason::EtcdMemberUnhealthy));
+    }
+
+    #[test]
     fn etcd_health_is_ignored_when_etcd_is_not_managed() {
         let m1 = machine("m1", 0, 1);
         let m2 = machine("m2", 1, 2);

@@ -15,19 +15,23 @@ pub enum Check {
     EtcdUnreachable,
     EtcdLearner,
     EtcdMemberUnhealthy,
+    /// A Machine's Node shows embedded etcd but it has no member (past the
+    /// grace period): the cluster runs one voter fewer than it has servers.
+    EtcdMemberMissing,
     /// An up-to-date Machine (a replacement) has no etcd member that is a
     /// healthy voter yet: it has not joined, or is still a learner.
     ReplacementNotVoter,
 }
 
 impl Check {
-    pub const ALL: [Check; 7] = [
+    pub const ALL: [Check; 8] = [
         Check::MachineDeleting,
         Check::MachineProvisioning,
         Check::NodeNotReady,
         Check::EtcdUnreachable,
         Check::EtcdLearner,
         Check::EtcdMemberUnhealthy,
+        Check::EtcdMemberMissing,
         Check::ReplacementNotVoter,
     ];
 
@@ -44,6 +48,7 @@ impl Check {
             Check::EtcdUnreachable => "etcd-unreachable",
             Check::EtcdLearner => "etcd-learner",
             Check::EtcdMemberUnhealthy => "etcd-member-unhealthy",
+            Check::EtcdMemberMissing => "etcd-member-missing",
             Check::ReplacementNotVoter => "replacement-not-voter",
         }
     }
@@ -182,6 +187,21 @@ fn etcd_settled(view: &ControlPlaneView) -> Result<(), Failure> {
                 return fail(
                     Check::EtcdMemberUnhealthy,
                     format!("etcd member {} is unhealthy ({why})", m.label()),
+                );
+            }
+            if let Some((machine, missing)) = view.machines.iter().find_map(|m| {
+                m.etcd_member_missing
+                    .as_ref()
+                    .filter(|x| x.confirmed && !m.is_deleting())
+                    .map(|x| (m, x))
+            }) {
+                return fail(
+                    Check::EtcdMemberMissing,
+                    format!(
+                        "{}'s Node {} shows embedded etcd ({}) but has no etcd member: \
+                         remediate it first",
+                        machine.name, missing.node, missing.marks
+                    ),
                 );
             }
             Ok(())

@@ -622,6 +622,9 @@ mod report_tests {
             internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
             addresses: vec![("InternalIP".into(), ip.into())],
             ready: Some(true),
+            etcd_voter: None,
+            created: None,
+            deleting: false,
         }
     }
 
@@ -679,6 +682,7 @@ mod report_tests {
             members_first_seen: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
+            member_missing_grace: std::time::Duration::from_secs(120),
             now: chrono::Utc::now(),
         }
     }
