@@ -830,3 +830,233 @@ async fn a_lost_or_broken_etcd_secret_blocks_every_removal() {
     );
     controller.stop().await;
 }
+
+/// Every Warning Event about the control plane so far, as "reason: note".
+async fn warnings(sandbox: &Sandbox) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(sandbox.client(), NAMESPACE);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// `k3scp_remediations_total` by outcome.
+fn remediation_counts(ctx: &k3s_control_plane::controller::Context) -> Vec<(String, u64)> {
+    let mut counts: Vec<(String, u64)> = [
+        "started",
+        "step",
+        "completed",
+        "deferred",
+        "refused",
+        "failed",
+    ]
+    .into_iter()
+    .map(|outcome| {
+        let labels = k3s_control_plane::controller::metrics::RemediationLabels {
+            outcome: outcome.to_string(),
+        };
+        (
+            outcome.to_string(),
+            ctx.metrics.remediations.get_or_create(&labels).get(),
+        )
+    })
+    .collect();
+    counts.retain(|(_, n)| *n > 0);
+    counts
+}
+
+/// A whole healthy life, with nothing wrong at any point: bring-up from
+/// nothing, 3 -> 5 -> 3, a version rollout, one MHC remediation, teardown.
+/// No Warning Event is emitted (every wait on the way is an expected one), and
+/// the remediation metrics count exactly that one remediation: waits of
+/// scale-downs and rollouts are no remediation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_life_emits_no_warning_and_counts_one_remediation() {
+    init_logs();
+    let (mut sandbox, controller) = bring_up(3, fast_settings(), async |_| {}).await;
+    let replicas = async |sandbox: &Sandbox, n: i32| {
+        sandbox
+            .kcp_api()
+            .patch(
+                KCP,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": n}})),
+            )
+            .await
+            .unwrap();
+    };
+    replicas(&sandbox, 5).await;
+    drive(&mut sandbox, "3 -> 5", all_ready(5)).await;
+    replicas(&sandbox, 3).await;
+    drive(&mut sandbox, "5 -> 3", all_ready(3)).await;
+
+    const NEW_VERSION: &str = "v1.31.4+k3s1";
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": NEW_VERSION}})),
+        )
+        .await
+        .unwrap();
+    drive(&mut sandbox, "rollout", |all, (healthy, voters)| {
+        all_ready(3)(all, (healthy, voters))
+            && all
+                .iter()
+                .all(|m| m.spec.version.as_deref() == Some(NEW_VERSION))
+    })
+    .await;
+
+    let target = machines(&sandbox).await[0].name_any();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    drive(&mut sandbox, "remediation", |all, (healthy, voters)| {
+        all_ready(3)(all, (healthy, voters)) && !all.iter().any(|m| m.name_any() == target)
+    })
+    .await;
+    sandbox
+        .wait_for("the remediation recorded as done", LIMIT, || async {
+            let kcp = sandbox
+                .kcp_api()
+                .get(KCP)
+                .await
+                .map_err(|e| e.to_string())?;
+            if kcp
+                .annotations()
+                .contains_key(k3s_control_plane::api::names::REMEDIATION_IN_PROGRESS_ANNOTATION)
+            {
+                Err("remediation-in-progress still set".into())
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+
+    let clusters: Api<Cluster> = Api::namespaced(sandbox.client(), NAMESPACE);
+    clusters
+        .delete(CLUSTER, &DeleteParams::default())
+        .await
+        .unwrap();
+    sandbox
+        .kcp_api()
+        .delete(KCP, &DeleteParams::default())
+        .await
+        .unwrap();
+    sandbox
+        .wait_for("the KThreesControlPlane gone", LIMIT, || async {
+            match sandbox
+                .kcp_api()
+                .get_opt(KCP)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                None => Ok(()),
+                Some(k) => Err(format!("finalizers {:?}", k.finalizers())),
+            }
+        })
+        .await
+        .unwrap();
+
+    let warned = warnings(&sandbox).await;
+    assert!(
+        warned.is_empty(),
+        "Warning Events in a healthy life: {warned:#?}"
+    );
+    assert_eq!(
+        remediation_counts(&controller.ctx)
+            .into_iter()
+            .filter(|(o, _)| o != "step")
+            .collect::<Vec<_>>(),
+        [("started".to_string(), 1), ("completed".to_string(), 1)],
+        "remediations counted"
+    );
+    assert_eq!(event_count(&sandbox, "RemediationStarted").await, 1);
+    controller.stop().await;
+}
+
+/// A real fault during a removal: a Machine deleted with our hook (its member
+/// recorded) is being removed when another member goes down. Removing the
+/// member now would leave 1 of 2 voters healthy: the removal waits, and says
+/// so with a Warning `RemovalBlocked` carrying the numbers; nothing is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_during_a_removal_is_a_warning_with_the_numbers() {
+    use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = sandbox
+        .etcd
+        .index_of(admin.snapshot().await.unwrap().leader.unwrap())
+        .unwrap();
+    // The target follows (no leadership move needed); another follower stops.
+    let target = (leader + 1) % 3;
+    let stopped = (leader + 2) % 3;
+    let member = sandbox.etcd.member(target).id;
+    let machine = sandbox.machines[target].clone();
+    sandbox
+        .machines_api()
+        .patch(
+            &machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                PRE_TERMINATE_HOOK_ANNOTATION: k3s_control_plane::remediation::steps::hook_value(Some(member)),
+            }}})),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .machines_api()
+        .delete(&machine, &DeleteParams::default())
+        .await
+        .unwrap();
+    sandbox.etcd.stop(stopped).await.unwrap();
+
+    let controller = sandbox.start_controller();
+    let numbers = "1 of 2 voters healthy, quorum needs 2";
+    let note = sandbox
+        .wait_for(
+            "a RemovalBlocked Warning with the numbers",
+            LIMIT,
+            || async {
+                let api: Api<k8s_openapi::api::events::v1::Event> =
+                    Api::namespaced(sandbox.client(), NAMESPACE);
+                api.list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some("RemovalBlocked")
+                            && e.note.as_deref().is_some_and(|n| n.contains(numbers))
+                    })
+                    .and_then(|e| e.note)
+                    .ok_or_else(|| "none yet".to_string())
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        note.contains(&machine) && note.contains("removal.wait.quorum-at-risk"),
+        "{note}"
+    );
+    wait_reconciles(&sandbox, &controller.ctx, 2).await;
+    assert_eq!(
+        admin.snapshot().await.map(|s| s.members.len()).unwrap_or(3),
+        3
+    );
+    assert_eq!(event_count(&sandbox, "EtcdMemberRemoved").await, 0);
+    controller.stop().await;
+}

@@ -259,11 +259,18 @@ pub async fn act(
         Some(machine_ref(&namespace, &removal.machine)),
     )
     .await;
-    ctx.metrics.remediation(match step {
-        Step::RecordRemediation { .. } => "started",
-        Step::CreateReplacement { .. } => "completed",
-        _ => "step",
-    });
+    // A remediation's outcomes only: scale-down and rollout removals take
+    // the same steps but are no remediation.
+    if matches!(
+        removal.kind,
+        crate::remediation::steps::RemovalKind::Remediation { .. }
+    ) {
+        ctx.metrics.remediation(match step {
+            Step::RecordRemediation { .. } => "started",
+            Step::CreateReplacement { .. } => "completed",
+            _ => "step",
+        });
+    }
     info!(step = %step_name, machine = %removal.machine, "{note}");
     Ok(outcome)
 }

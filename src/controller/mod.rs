@@ -11,6 +11,7 @@ pub mod contract_conditions;
 pub mod create;
 pub mod error;
 pub mod etcd_pool;
+pub mod events;
 pub mod http;
 pub mod leader;
 pub mod metrics;

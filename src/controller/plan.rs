@@ -153,12 +153,21 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     })
 }
 
-fn step_action(removal: Removal, step: Step) -> (Action, String, String) {
-    let rule = format!("removal.{}", step.name());
+/// A removal's next step as the plan's action. A wait is named after what it
+/// waits for, in the family of the rule that chose the removal:
+/// `<family>.wait.<reason>` (`removal` for one resumed).
+fn step_action(removal: Removal, step: Step, family: &str) -> (Action, String, String) {
     let message = format!("{}: {step}", removal.machine);
     match step {
-        Step::Wait { .. } => (Action::Wait, rule, message),
-        _ => (Action::Step { removal, step }, rule, message),
+        Step::Wait { reason, .. } => (
+            Action::Wait,
+            format!("{family}.wait.{}", reason.as_str()),
+            message,
+        ),
+        _ => {
+            let rule = format!("removal.{}", step.name());
+            (Action::Step { removal, step }, rule, message)
+        }
     }
 }
 
@@ -239,7 +248,7 @@ fn choose(
     if let Some(removal) = resume(view) {
         let step = next_step(view, &removal);
         if step != Step::Done {
-            return step_action(removal, step);
+            return step_action(removal, step, "removal");
         }
     }
     // 2. A ghost or orphan member nothing claims: it counts against quorum
@@ -273,7 +282,12 @@ fn choose(
                 },
             };
             let step = next_step(view, &removal);
-            let (action, _, message) = step_action(removal, step);
+            let (action, step_rule, message) = step_action(removal, step, "remediation");
+            let rule = if matches!(action, Action::Wait) {
+                step_rule
+            } else {
+                rule
+            };
             return (action, rule, format!("{}; {message}", remediation.message));
         }
         Outcome::Wait { .. } | Outcome::Skip { .. } => {
@@ -310,12 +324,13 @@ fn removal_action(
                 kind: RemovalKind::ScaleDown,
             };
             let step = next_step(view, &removal);
-            let (action, _, step_message) = step_action(removal, step);
-            (
-                action,
-                rule.to_string(),
-                format!("{context}{message}; {step_message}"),
-            )
+            let (action, step_rule, step_message) = step_action(removal, step, family);
+            let rule = if matches!(action, Action::Wait) {
+                step_rule
+            } else {
+                rule.to_string()
+            };
+            (action, rule, format!("{context}{message}; {step_message}"))
         }
         ScaleDownDecision::Wait { rule: why, message } => (
             Action::Wait,

@@ -339,8 +339,16 @@ async fn act_on_plan(
     let handle = etcd.clone();
     let outcome = match act(ctx, &world, &plan, etcd).await {
         Ok(outcome) => outcome,
+        // A write conflict is an ordinary race: observed again, quietly.
+        Err(err) if err.is_conflict() => return Err(err),
         Err(err) => {
-            ctx.metrics.remediation("failed");
+            if matches!(
+                &plan.action,
+                super::plan::Action::Step { removal, .. }
+                    if matches!(removal.kind, crate::remediation::steps::RemovalKind::Remediation { .. })
+            ) {
+                ctx.metrics.remediation("failed");
+            }
             publish(
                 ctx,
                 kcp,
@@ -365,18 +373,18 @@ async fn act_on_plan(
     match &plan.action {
         Action::Wait => {
             if status_changed {
-                // The Event says what waits: a remediation or removal, or scaling.
-                let (type_, reason) = wait_event(&plan.rule);
+                // The Event names what waits; Warning only when something is wrong.
+                let event = super::events::wait_event(&plan.rule);
                 publish(
                     ctx,
                     kcp,
-                    type_,
-                    reason,
+                    event.type_,
+                    event.reason,
                     &format!("{} ({})", plan.message, plan.rule),
                 )
                 .await;
-                if reason == "RemediationBlocked" {
-                    ctx.metrics.remediation("deferred");
+                if let Some(outcome) = event.remediation_outcome {
+                    ctx.metrics.remediation(outcome);
                 }
             }
             info!(rule = %plan.rule, "{}", plan.message);
@@ -419,6 +427,10 @@ async fn settle_lifecycle(
             .invalidate(&kcp.namespace().unwrap_or_default(), cluster);
     }
     if let Err(err) = applied {
+        if err.is_conflict() {
+            // An ordinary race (e.g. with CAPI's owner-reference patch).
+            return Err(err);
+        }
         publish(
             ctx,
             kcp,
@@ -520,31 +532,6 @@ fn record_etcd_quorum(ctx: &Context, world: &World) {
             &format!("{namespace}/{cluster}"),
             super::status::etcd_status(world).as_ref(),
         );
-    }
-}
-
-/// The Event of a waiting plan, by the rule that waits: a bring-up waiting for
-/// its first server or scaling one Machine at a time is normal; a blocked
-/// remediation or scale-down is a warning.
-fn wait_event(rule: &str) -> (EventType, &'static str) {
-    if rule == "scale-up.waiting-for-initialization" {
-        (EventType::Normal, "WaitingForInitialization")
-    } else if let Some(check) = rule.strip_prefix("rollout.") {
-        // A Machine coming or going is progress; anything else blocks.
-        let progress =
-            crate::rollout::preflight::Check::from_name(check).is_some_and(|c| c.is_progress());
-        if progress {
-            (EventType::Normal, "RollingOutWaiting")
-        } else {
-            (EventType::Warning, "RolloutBlocked")
-        }
-    } else if rule.starts_with("scale-up.") {
-        // One Machine at a time: waiting for the last one is ordinary progress.
-        (EventType::Normal, "ScalingUpWaiting")
-    } else if rule.starts_with("scale-down.") {
-        (EventType::Warning, "ScalingDownBlocked")
-    } else {
-        (EventType::Warning, "RemediationBlocked")
     }
 }
 

@@ -1,7 +1,10 @@
 //! What Cluster API's own Machine controller does when a Machine is deleted, and
 //! nothing more, for tests and the demo where no CAPI runs:
 //! - a Machine gets CAPI's finalizer `machine.cluster.x-k8s.io` when it appears;
-//! - once it is deleting and any annotation whose key starts with
+//! - once it is deleting, CAPI drains its node: `Deleting=True` reason
+//!   `DrainingNode` for [`DRAIN`] (there are no Pods to evict; the time lets the
+//!   controller meet the drain wait as it does on a real cluster);
+//! - once drained and any annotation whose key starts with
 //!   `pre-terminate.delete.hook.machine.cluster.x-k8s.io` remains (CAPI's prefix
 //!   test has no `/`, so cluster-api-k3s's bare key counts too), CAPI reports
 //!   that it waits on the hooks: v1beta2
@@ -11,7 +14,7 @@
 //! - once no pre-terminate hook remains it removes its finalizer, so the API
 //!   server deletes the Machine.
 //!
-//! Drain is not simulated (there are no Pods); the infrastructure is not either.
+//! The infrastructure is not simulated.
 
 use std::time::Duration;
 
@@ -118,6 +121,61 @@ async fn step(api: &Api<DynamicObject>, machine: &DynamicObject) -> kube::Result
         .get("status")
         .cloned()
         .unwrap_or_else(|| json!({}));
+    if draining(machine) {
+        // The drain ends on its own (the task below); a drain left from before
+        // this simulator started is ended here.
+        if drain_started(machine)
+            .is_some_and(|since| chrono::Utc::now() - since > chrono::Duration::seconds(2))
+        {
+            return wait_on_hooks(api, machine).await;
+        }
+        return Ok(());
+    }
+    let conditions = upsert(
+        status.get("conditions"),
+        json!({
+            "type": "Deleting", "status": "True", "reason": "DrainingNode",
+            "message": "Drain not completed yet",
+            "lastTransitionTime": now, "observedGeneration": machine.metadata.generation,
+        }),
+    );
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"conditions": conditions}})),
+    )
+    .await?;
+    let api = api.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(DRAIN).await;
+        // Retried on conflicts with the controller's own writes.
+        for _ in 0..20 {
+            match api.get(&name).await {
+                Ok(machine) if draining(&machine) && !waiting_condition_set(&machine) => {
+                    match wait_on_hooks(&api, &machine).await {
+                        Ok(()) => return,
+                        Err(err) => {
+                            tracing::debug!(%name, %err, "capi sim: ending the drain failed")
+                        }
+                    }
+                }
+                _ => return,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    Ok(())
+}
+
+/// Drained: CAPI reports that it waits on the pre-terminate hooks.
+async fn wait_on_hooks(api: &Api<DynamicObject>, machine: &DynamicObject) -> kube::Result<()> {
+    let name = machine.name_any();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = machine
+        .data
+        .get("status")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let conditions = upsert(
         status.get("conditions"),
         json!({
@@ -140,6 +198,34 @@ async fn step(api: &Api<DynamicObject>, machine: &DynamicObject) -> kube::Result
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// How long draining a node takes here.
+pub const DRAIN: Duration = Duration::from_millis(500);
+
+fn deleting_condition(machine: &DynamicObject) -> Option<&Value> {
+    machine
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|c| c["type"] == "Deleting" && c["status"] == "True")
+}
+
+/// When the drain started, if it is under way.
+fn drain_started(machine: &DynamicObject) -> Option<chrono::DateTime<chrono::Utc>> {
+    deleting_condition(machine)
+        .filter(|c| c["reason"] == "DrainingNode")
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
+/// The drain has started (or is over: CAPI waits on the hooks).
+fn draining(machine: &DynamicObject) -> bool {
+    deleting_condition(machine).is_some_and(|c| {
+        c["reason"] == "DrainingNode" || c["reason"] == "WaitingForPreTerminateHook"
+    })
 }
 
 fn waiting_condition_set(machine: &DynamicObject) -> bool {

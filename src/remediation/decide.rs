@@ -48,6 +48,23 @@ pub enum Rule {
 }
 
 impl Rule {
+    pub const ALL: [Rule; 14] = [
+        Rule::NoMachineToRemediate,
+        Rule::TargetAlreadyDeleting,
+        Rule::AnotherRemediationInProgress,
+        Rule::TopologyUpgradePending,
+        Rule::RetryPeriodNotExpired,
+        Rule::MaxRetryReached,
+        Rule::TooFewMachines,
+        Rule::MachineProvisioning,
+        Rule::MachineDeleting,
+        Rule::NoHealthyControlPlaneLeft,
+        Rule::EtcdMembershipUnknown,
+        Rule::EtcdQuorumAtRisk,
+        Rule::NoLeadershipTransferee,
+        Rule::Remediate,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::NoMachineToRemediate => "no-machine-to-remediate",

@@ -83,6 +83,51 @@ pub enum WaitReason {
     UpstreamMemberUnknown,
 }
 
+impl WaitReason {
+    /// Its name in rules (`<family>.wait.<name>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::AnotherRemediation => "another-remediation",
+            WaitReason::EtcdUnreachable => "etcd-unreachable",
+            WaitReason::NoTransferee => "no-transferee",
+            WaitReason::Drain => "drain",
+            WaitReason::OtherHooks => "other-hooks",
+            WaitReason::OlderDeletion => "older-deletion",
+            WaitReason::QuorumAtRisk => "quorum-at-risk",
+            WaitReason::NoMemberToAsk => "no-member-to-ask",
+            WaitReason::MachineGoing => "machine-going",
+            WaitReason::UpstreamMemberUnknown => "upstream-member-unknown",
+        }
+    }
+
+    pub const ALL: [WaitReason; 10] = [
+        WaitReason::AnotherRemediation,
+        WaitReason::EtcdUnreachable,
+        WaitReason::NoTransferee,
+        WaitReason::Drain,
+        WaitReason::OtherHooks,
+        WaitReason::OlderDeletion,
+        WaitReason::QuorumAtRisk,
+        WaitReason::NoMemberToAsk,
+        WaitReason::MachineGoing,
+        WaitReason::UpstreamMemberUnknown,
+    ];
+
+    /// An ordinary part of a removal (CAPI draining, hooks, the Machine
+    /// going, one removal after another), as opposed to one the cluster's
+    /// state forces (quorum, etcd unreadable, nobody to ask).
+    pub fn is_progress(self) -> bool {
+        matches!(
+            self,
+            WaitReason::AnotherRemediation
+                | WaitReason::Drain
+                | WaitReason::OtherHooks
+                | WaitReason::OlderDeletion
+                | WaitReason::MachineGoing
+        )
+    }
+}
+
 /// The rule named in logs, Events and conditions when a hook of
 /// cluster-api-k3s is taken over.
 pub const UPSTREAM_TAKEOVER_RULE: &str = "upstream-hook.takeover";
