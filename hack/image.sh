@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds the controller image without a registry: a release binary plus exactly
+# Builds the controller image without a registry: a release binary (built
+# without the `sandbox` feature) plus exactly
 # the shared libraries ldd reports, copied onto `FROM scratch`.
 #
 #   hack/image.sh [tag]                              # release build, k3s-control-plane:dev
 #   IMAGE_BINARY=target/debug/k3s-control-plane hack/image.sh k3s-control-plane:test
 #
 # IMAGE_BINARY stages an already built binary instead (tests/controller_image.rs
-# uses the debug binary cargo test has just built: a cold release build takes
+# stages a debug build of the shipped binary: a cold release build takes
 # minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,8 @@ tag="${1:-k3s-control-plane:dev}"
 
 bin="${IMAGE_BINARY:-}"
 if [ -z "$bin" ]; then
-  cargo build --release --bin k3s-control-plane
+  # The shipped controller: no test API server, no simulated world, no demo.
+  cargo build --release --no-default-features --bin k3s-control-plane
   bin=target/release/k3s-control-plane
 fi
 root=target/image-root

@@ -14,15 +14,20 @@
 //! - [`rollout`]: pure rollout rules (which Machines are outdated and why, the next rollout step).
 //! - [`components`]: the clusterctl provider artifacts (components YAML, metadata), generated.
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
-//! - [`apiserver`]: an in-process Kubernetes API server for tests and the demo.
-//! - [`harness`]: local real-etcd clusters with a k3s-like PKI (tests and demo).
+//! - `apiserver`: an in-process Kubernetes API server for tests and the demo.
+//! - `harness`: local real-etcd clusters with a k3s-like PKI (tests and demo).
+//!
+//! The last two (and the `demo` command) exist only with the `sandbox`
+//! feature, on by default; the shipped controller is built without it.
 
 pub mod api;
+#[cfg(feature = "sandbox")]
 pub mod apiserver;
 pub mod cli;
 pub mod components;
 pub mod controller;
 pub mod etcd;
+#[cfg(feature = "sandbox")]
 pub mod harness;
 pub mod lifecycle;
 pub mod membership;

@@ -24,6 +24,7 @@ enum Command {
     /// Show members, machines, nodes, quorum and the next remediation decision.
     Inspect(cli::inspect::InspectArgs),
     /// Self-contained demo: real etcd, simulated management cluster.
+    #[cfg(feature = "sandbox")]
     Demo(cli::demo::DemoArgs),
 }
 
@@ -37,6 +38,7 @@ async fn main() -> ExitCode {
         Command::Components(a) => cli::components::run(a),
         Command::Etcd(a) => cli::etcd::run(a).await,
         Command::Inspect(a) => cli::inspect::run(a).await,
+        #[cfg(feature = "sandbox")]
         Command::Demo(a) => cli::demo::run(a).await,
     }
 }

@@ -5,9 +5,9 @@
 //! answer its probes, take the leader Lease and write a KThreesControlPlane's
 //! status.
 //!
-//! The image staged here holds the debug binary cargo test has just built (a
-//! cold release build takes minutes on 2 cores; see docs/operations.md for the
-//! release image). Skipped, with the reason printed, only where no Docker
+//! The image staged here holds a debug build of the shipped binary (no
+//! `sandbox` feature; a cold release build takes minutes on 2 cores; see
+//! docs/operations.md for the release image). Skipped, with the reason printed, only where no Docker
 //! engine answers.
 
 mod docker_support;
@@ -27,6 +27,99 @@ use rcgen::{ExtendedKeyUsagePurpose, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const IMAGE: &str = "k3s-control-plane:test";
+
+/// The controller as shipped: built without the `sandbox` feature (no test API
+/// server, no simulated world, no `demo`), in its own target directory so
+/// that the binary the other tests run keeps its `demo`. Built once per run.
+fn shipped_binary() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/shipped");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let t0 = Instant::now();
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--no-default-features",
+                "--bin",
+                "k3s-control-plane",
+            ])
+            .args(["--target-dir", dir])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build --no-default-features failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("shipped binary built in {:.1?}", t0.elapsed());
+        std::path::PathBuf::from(dir).join("debug/k3s-control-plane")
+    })
+}
+
+/// The binary's symbol names (demangled), from `nm`.
+fn symbols(binary: &std::path::Path) -> String {
+    let out = Command::new("nm")
+        .args(["--demangle", "--defined-only"])
+        .arg(binary)
+        .output()
+        .expect("run nm (binutils)");
+    assert!(out.status.success(), "nm {}", binary.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The shipped controller has no `demo` command and links none of the test
+/// infrastructure; the binary the tests run (default features) has both, so
+/// the checks can tell.
+#[test]
+fn the_shipped_binary_has_no_demo_and_links_no_test_infrastructure() {
+    let shipped = shipped_binary();
+    let help = |binary: &std::path::Path| {
+        let out = Command::new(binary).arg("--help").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let tests_binary = std::path::Path::new(env!("CARGO_BIN_EXE_k3s-control-plane"));
+    assert!(
+        help(tests_binary).contains("demo"),
+        "{}",
+        help(tests_binary)
+    );
+    let shipped_help = help(shipped);
+    assert!(
+        shipped_help.contains("run") && !shipped_help.contains("demo"),
+        "{shipped_help}"
+    );
+    let test_infrastructure = [
+        "k3s_control_plane::apiserver::",
+        "k3s_control_plane::harness::",
+        "k3s_control_plane::cli::demo::",
+    ];
+    let with = symbols(tests_binary);
+    let without = symbols(shipped);
+    for module in test_infrastructure {
+        assert!(
+            with.contains(module),
+            "the tests' binary has no {module} symbol"
+        );
+        let found: Vec<&str> = without
+            .lines()
+            .filter(|l| l.contains(module))
+            .take(3)
+            .collect();
+        assert!(
+            found.is_empty(),
+            "the shipped binary links {module}: {found:?}"
+        );
+    }
+    assert!(without.contains("k3s_control_plane::controller::"));
+    let size = |p: &std::path::Path| std::fs::metadata(p).unwrap().len() as f64 / 1e6;
+    eprintln!(
+        "binary size (debug): {:.1} MB with the sandbox, {:.1} MB shipped",
+        size(tests_binary),
+        size(shipped)
+    );
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -119,7 +212,7 @@ async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
     let t0 = Instant::now();
     let built = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/image.sh"))
         .arg(IMAGE)
-        .env("IMAGE_BINARY", env!("CARGO_BIN_EXE_k3s-control-plane"))
+        .env("IMAGE_BINARY", shipped_binary())
         .output()
         .expect("run hack/image.sh");
     assert!(

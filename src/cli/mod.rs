@@ -2,6 +2,7 @@
 
 pub mod components;
 pub mod crds;
+#[cfg(feature = "sandbox")]
 pub mod demo;
 pub mod etcd;
 pub mod inspect;

@@ -142,6 +142,7 @@ where
 }
 
 #[cfg(test)]
+#[cfg(feature = "sandbox")]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
