@@ -387,7 +387,12 @@ async fn act_on_plan(
                     ctx.metrics.remediation(outcome);
                 }
             }
-            info!(rule = %plan.rule, "{}", plan.message);
+            // An expected wait: INFO once per change of the status, DEBUG after.
+            if status_changed {
+                info!(rule = %plan.rule, "{}", plan.message);
+            } else {
+                tracing::debug!(rule = %plan.rule, "{}", plan.message);
+            }
             Ok(Pass::Done(Requeue::requeue(ctx.settings.wait_requeue)))
         }
         Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),

@@ -119,16 +119,20 @@ where
                 .on_eos(|_: Option<&HeaderMap>, _duration: Duration, _span: &Span| {
                     tracing::debug!("stream closed");
                 })
+                // DEBUG, not kube's ERROR: a workload API that does not
+                // answer (a server still booting, a cluster going away) is
+                // an expected state, reported once per change by the
+                // reconcile's conditions, never by every request.
                 .on_failure(
                     |ec: ServerErrorsFailureClass, _latency: Duration, span: &Span| {
                         span.record("otel.status_code", "ERROR");
                         match ec {
                             ServerErrorsFailureClass::StatusCode(status) => {
                                 span.record("http.status_code", status.as_u16());
-                                tracing::error!("failed with status {}", status)
+                                tracing::debug!("failed with status {}", status)
                             }
                             ServerErrorsFailureClass::Error(err) => {
-                                tracing::error!("failed with error {}", err)
+                                tracing::debug!("failed with error {}", err)
                             }
                         }
                     },

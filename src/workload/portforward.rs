@@ -187,7 +187,8 @@ async fn forward(shared: Arc<Shared>, member: (String, u16), mut conn: tokio::ne
     let (pod, mut forwarder) = match opened {
         Ok(opened) => opened,
         Err(err) => {
-            tracing::warn!(member = %format!("{host}:{port}"), error = %err, "etcd port-forward failed");
+            // Per attempt, so DEBUG: the etcd condition says it once per change.
+            tracing::debug!(member = %format!("{host}:{port}"), error = %err, "etcd port-forward failed");
             shared
                 .failures
                 .lock()
