@@ -13,7 +13,7 @@ use crate::api::names::{KCP_FINALIZER, KUBECONFIG_SECRET_SUFFIX, TOKEN_SECRET_SU
 use crate::api::{KThreesControlPlane, Machine};
 use crate::lifecycle::{DeletionStep, Lifecycle, SecretWrite};
 
-use super::act::{publish, publish_about};
+use super::publish::{publish, publish_about};
 use super::cluster_secrets::SecretWriter;
 use super::context::Context;
 use super::error::{Error, Result};

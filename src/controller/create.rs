@@ -11,7 +11,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::api::machine::{Bootstrap, MachineDeletionSpec, MachineSpec};
+use crate::api::machine::{Bootstrap, MachineSpec};
 use crate::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, REMEDIATION_FOR_ANNOTATION,
     SPEC_HASH_ANNOTATION,
@@ -71,24 +71,6 @@ pub fn pick_failure_domain(world: &World) -> Option<String> {
             (count, fd.to_string())
         })
         .map(|fd| fd.to_string())
-}
-
-/// `spec.deletion` of a new Machine from the control plane's
-/// `machineTemplate.node*Timeout` (Go durations; v1beta2 Machines take seconds).
-pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<MachineDeletionSpec> {
-    let t = &kcp.spec.machine_template;
-    let seconds = |d: &Option<crate::api::refs::GoDuration>| {
-        d.as_ref()
-            .and_then(|d| d.non_negative())
-            .map(|d| d.as_secs().min(i32::MAX as u64) as i32)
-    };
-    let spec = MachineDeletionSpec {
-        node_drain_timeout_seconds: seconds(&t.node_drain_timeout),
-        node_volume_detach_timeout_seconds: seconds(&t.node_volume_detach_timeout),
-        node_deletion_timeout_seconds: seconds(&t.node_deletion_timeout),
-        ..MachineDeletionSpec::default()
-    };
-    (!spec.is_empty()).then_some(spec)
 }
 
 fn precondition(reason: impl Into<String>) -> Error {
@@ -349,7 +331,7 @@ pub async fn create_machine(
             },
             version: Some(kcp.spec.version.clone()),
             failure_domain: pick_failure_domain(world),
-            deletion: deletion_timeouts(kcp),
+            deletion: super::sync_machines::deletion_timeouts(kcp),
             ..MachineSpec::default()
         },
         status: None,

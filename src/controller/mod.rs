@@ -17,6 +17,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod publish;
 pub mod reconcile;
 pub mod status;
 pub mod sync_machines;

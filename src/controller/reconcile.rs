@@ -23,7 +23,8 @@ use tracing::{Instrument, info, instrument, warn};
 
 use crate::api::{KThreesControlPlane, Machine};
 
-use super::act::{act, publish};
+use super::act::act;
+use super::publish::publish;
 use super::apply_lifecycle::apply as apply_lifecycle;
 use super::caches::Source;
 use super::context::Context;

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::{debug, info};
 
+use crate::api::machine::MachineDeletionSpec;
 use crate::api::names::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, PRE_TERMINATE_HOOK_ANNOTATION,
@@ -30,9 +31,8 @@ use crate::api::names::{
 };
 use crate::api::{KThreesConfig, KThreesControlPlane, Machine};
 
-use super::act::{machine_ref, publish_about};
+use super::publish::{machine_ref, publish_about};
 use super::context::Context;
-use super::create::deletion_timeouts;
 use super::error::{Error, Result};
 use super::world::World;
 
@@ -469,6 +469,24 @@ where
             source,
         }),
     }
+}
+
+/// `spec.deletion` of a new Machine from the control plane's
+/// `machineTemplate.node*Timeout` (Go durations; v1beta2 Machines take seconds).
+pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<MachineDeletionSpec> {
+    let t = &kcp.spec.machine_template;
+    let seconds = |d: &Option<crate::api::refs::GoDuration>| {
+        d.as_ref()
+            .and_then(|d| d.non_negative())
+            .map(|d| d.as_secs().min(i32::MAX as u64) as i32)
+    };
+    let spec = MachineDeletionSpec {
+        node_drain_timeout_seconds: seconds(&t.node_drain_timeout),
+        node_volume_detach_timeout_seconds: seconds(&t.node_volume_detach_timeout),
+        node_deletion_timeout_seconds: seconds(&t.node_deletion_timeout),
+        ..MachineDeletionSpec::default()
+    };
+    (!spec.is_empty()).then_some(spec)
 }
 
 #[cfg(test)]
