@@ -26,6 +26,7 @@ pub mod apiserver;
 pub mod cli;
 pub mod components;
 pub mod controller;
+pub mod decision;
 pub mod etcd;
 #[cfg(feature = "sandbox")]
 pub mod harness;

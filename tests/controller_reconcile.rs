@@ -248,7 +248,7 @@ async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
     };
     use k3s_control_plane::controller::act::act;
     use k3s_control_plane::controller::observe::observe;
-    use k3s_control_plane::controller::plan::{Action, plan};
+    use k3s_control_plane::decision::plan::{Action, plan};
     use k3s_control_plane::remediation::steps::Step;
 
     let sandbox = Sandbox::start(3).await.unwrap();

@@ -244,11 +244,11 @@ async fn drive_until_replaced(
 async fn step_with_a_new_controller_each_time(
     sandbox: &mut Sandbox,
     what: &str,
-    before_each: &mut dyn FnMut(&mut Sandbox, &k3s_control_plane::controller::plan::Plan),
+    before_each: &mut dyn FnMut(&mut Sandbox, &k3s_control_plane::decision::plan::Plan),
     done: &dyn Fn(&[k3s_control_plane::api::Machine]) -> bool,
 ) -> usize {
     use k3s_control_plane::controller::observe::observe;
-    use k3s_control_plane::controller::plan::plan;
+    use k3s_control_plane::decision::plan::plan;
     use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
     let deadline = tokio::time::Instant::now() + LIMIT * 2;
     let mut steps = 0;
@@ -433,7 +433,7 @@ async fn two_of_three_members_dead_is_refused_within_seconds_saying_quorum_is_lo
 /// about to move leadership off it: the move fails, a new leader is elected, and
 /// the removal completes on the next steps, nothing repeated, one replacement.
 async fn leader_fault_during_the_leadership_move(pause: bool) {
-    use k3s_control_plane::controller::plan::Action;
+    use k3s_control_plane::decision::plan::Action;
     use k3s_control_plane::remediation::steps::Step;
     init_logs();
     let mut sandbox = Sandbox::start(3).await.unwrap();

@@ -373,6 +373,17 @@ pub struct V1Beta1DeprecatedStatus {
 }
 
 impl KThreesControlPlane {
+    /// `status.initialized` or the v1beta2 `status.initialization.controlPlaneInitialized`.
+    pub fn is_initialized(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.initialized
+                || s.initialization
+                    .as_ref()
+                    .and_then(|i| i.control_plane_initialized)
+                    .unwrap_or(false)
+        })
+    }
+
     /// `spec.replicas` with its default (1) applied.
     pub fn desired_replicas(&self) -> i32 {
         self.spec.replicas.unwrap_or(1)

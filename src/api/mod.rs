@@ -13,6 +13,7 @@ pub mod names;
 pub mod refs;
 pub mod remediation_data;
 pub mod template;
+pub mod time;
 pub mod validate;
 
 pub use bootstrap::{KThreesConfig, KThreesConfigSpec, KThreesConfigTemplate};

@@ -207,3 +207,13 @@ pub const ETCD_PROXY_SELECTOR: &str = "app=etcd-proxy";
 /// Per-cluster override of `run --etcd-transport` on the KThreesControlPlane:
 /// `direct` or `port-forward`.
 pub const ETCD_TRANSPORT_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-transport";
+
+/// Name of the kubeconfig Secret of `cluster`.
+pub fn kubeconfig_secret_name(cluster: &str) -> String {
+    format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
+}
+
+/// Name of the etcd CA Secret of `cluster`.
+pub fn etcd_secret_name(cluster: &str) -> String {
+    format!("{cluster}{ETCD_CA_SECRET_SUFFIX}")
+}

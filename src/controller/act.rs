@@ -23,9 +23,9 @@ use crate::remediation::steps::{Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_valu
 use super::context::Context;
 use super::create::create_machine;
 use super::error::{Error, Result};
-use super::plan::{Action, Plan};
 use super::publish::{machine_ref, publish, publish_about};
-use super::world::World;
+use crate::decision::plan::{Action, Plan};
+use crate::decision::world::World;
 
 /// What acting did, for status and events.
 #[derive(Debug, Default)]
@@ -175,7 +175,7 @@ pub async fn act(
         Step::ReleaseHook { machine } => {
             // cluster-api-k3s's hook goes with ours, in the same write: the
             // steps reach this only once the member is gone.
-            let annotations = super::view::hooks_to_release(
+            let annotations = crate::decision::view::hooks_to_release(
                 world
                     .machine(machine)
                     .and_then(|m| m.metadata.annotations.as_ref()),
@@ -196,8 +196,7 @@ pub async fn act(
         Step::CreateReplacement { remediation_for } => {
             let name = create_machine(ctx, world, Some(remediation_for)).await?;
             outcome.created = Some(name);
-            outcome.last_remediation =
-                Some(crate::api::RemediationData::from_model(remediation_for));
+            outcome.last_remediation = Some(crate::api::RemediationData::from(remediation_for));
         }
         Step::ClearRemediationInProgress => {
             let patch = json!({"metadata": {
@@ -281,7 +280,7 @@ fn upstream_hook_on(world: &World, machine: &str) -> bool {
     world
         .machine(machine)
         .and_then(|m| m.metadata.annotations.as_ref())
-        .is_some_and(super::view::has_upstream_hook)
+        .is_some_and(crate::decision::view::has_upstream_hook)
 }
 
 /// The Event (reason, note) saying that a step took over or released

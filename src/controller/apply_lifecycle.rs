@@ -13,12 +13,12 @@ use crate::api::names::{KCP_FINALIZER, KUBECONFIG_SECRET_SUFFIX, TOKEN_SECRET_SU
 use crate::api::{KThreesControlPlane, Machine};
 use crate::lifecycle::{DeletionStep, Lifecycle, SecretWrite};
 
-use super::publish::{publish, publish_about};
 use super::cluster_secrets::SecretWriter;
 use super::context::Context;
 use super::error::{Error, Result};
-use super::view::hooks_to_release;
-use super::world::World;
+use super::publish::{publish, publish_about};
+use crate::decision::view::hooks_to_release;
+use crate::decision::world::World;
 
 fn act_err(step: &str) -> impl Fn(kube::Error) -> Error + '_ {
     move |source| Error::Act {

@@ -237,7 +237,7 @@ pub fn secrets_view(
 ) -> SecretsView {
     SecretsView {
         cluster: cluster.to_string(),
-        initialized: super::view::is_initialized(kcp),
+        initialized: kcp.is_initialized(),
         server_ca: ca_state(objects, CaPurpose::Server, kcp),
         client_ca: ca_state(objects, CaPurpose::Client, kcp),
         etcd_ca: ca_state(objects, CaPurpose::Etcd, kcp),

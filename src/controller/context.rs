@@ -11,7 +11,7 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use super::caches::{SecretCache, WatchCaches};
 use super::etcd_pool::EtcdPool;
-use super::leader::LeaderGuard;
+use super::leader_guard::LeaderGuard;
 use super::metrics::Metrics;
 use crate::pki::KubeconfigPolicy;
 use crate::workload::WorkloadCache;

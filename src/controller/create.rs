@@ -22,7 +22,7 @@ use crate::remediation::model::RemediationData;
 
 use super::context::Context;
 use super::error::{Error, Result};
-use super::world::World;
+use crate::decision::world::World;
 
 const STEP: &str = "create-machine";
 

@@ -7,22 +7,18 @@ pub mod apply_lifecycle;
 pub mod caches;
 pub mod cluster_secrets;
 pub mod context;
-pub mod contract_conditions;
 pub mod create;
 pub mod error;
 pub mod etcd_pool;
-pub mod events;
 pub mod http;
 pub mod leader;
+pub mod leader_guard;
 pub mod metrics;
 pub mod observe;
-pub mod plan;
 pub mod publish;
 pub mod reconcile;
 pub mod status;
 pub mod sync_machines;
-pub mod view;
-pub mod world;
 
 use std::sync::Arc;
 

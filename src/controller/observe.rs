@@ -24,7 +24,7 @@ use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::etcd_pool::{EtcdCaPem, PoolKey, TransportMode};
-use super::world::{EtcdObservation, WorkloadState, World};
+use crate::decision::world::{EtcdObservation, WorkloadState, World};
 
 /// The Cluster that owns `kcp`: its owner reference of kind Cluster, else the
 /// `cluster.x-k8s.io/cluster-name` label.

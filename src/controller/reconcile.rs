@@ -24,22 +24,20 @@ use tracing::{Instrument, info, instrument, warn};
 use crate::api::{KThreesControlPlane, Machine};
 
 use super::act::act;
-use super::publish::publish;
 use super::apply_lifecycle::apply as apply_lifecycle;
 use super::caches::Source;
 use super::context::Context;
 use super::create::ensure_template_owner;
 use super::error::{Error, Result};
 use super::observe::{ManagementRead, WorkloadObservation, observe_management, observe_workload};
-use super::plan::{Action, Refusal, plan};
-use super::status::{
-    kcp_status, machine_conditions, write_kcp_status, write_kcp_status_after,
-    write_machine_conditions,
-};
+use super::publish::publish;
+
+use super::status::{write_kcp_status, write_kcp_status_after, write_machine_conditions};
 use super::sync_machines::sync_machines;
-use super::view::lifecycle_view;
-use super::world::World;
-use crate::lifecycle::{DeletionStep, Lifecycle, decide as decide_lifecycle, plan_secrets};
+use crate::decision::plan::{Action, Refusal};
+use crate::decision::world::{EtcdObservation, World};
+use crate::decision::{Decision, decide, decide_lifecycle};
+use crate::lifecycle::{DeletionStep, Lifecycle};
 use crate::remediation::steps::Step;
 
 #[instrument(skip_all, fields(kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()), cluster, rule))]
@@ -215,23 +213,23 @@ async fn decide_and_act(
     previous: Option<WorkloadObservation>,
 ) -> Result<Pass> {
     let chain_ends = || Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))));
-    // Without a Cluster nothing can be set up; a deleted one still goes.
-    if world.cluster_name.is_some() || kcp.metadata.deletion_timestamp.is_some() {
-        let lifecycle = decide_lifecycle(&lifecycle_view(&world));
-        if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
-            if continuing.is_some() && lifecycle_acts(&lifecycle) {
-                return chain_ends();
-            }
-            if lifecycle_acts(&lifecycle)
-                && let Some(fresh) =
-                    fresh_if_changed(ctx, kcp, &read, lifecycle.rule().as_str()).await?
-            {
-                return Ok(Pass::Stale(Box::new(fresh)));
-            }
-            return settle_lifecycle(ctx, kcps, &world, &lifecycle)
-                .await
-                .map(Pass::Done);
+    let lifecycle = decide_lifecycle(&world);
+    if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
+        // The workload is not looked at: the record is the lifecycle's.
+        let decision = decide(&world, lifecycle);
+        if continuing.is_some() && decision.acts() {
+            return chain_ends();
         }
+        if decision.acts()
+            && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, &decision.rule()).await?
+        {
+            return Ok(Pass::Stale(Box::new(fresh)));
+        }
+        return settle_lifecycle(ctx, kcps, &world, &decision)
+            .await
+            .map(Pass::Done);
+    }
+    if world.cluster_name.is_some() {
         ensure_template_owner(ctx, &world).await?;
     }
     let reused = previous.is_some();
@@ -244,7 +242,7 @@ async fn decide_and_act(
             Ok(etcd) => etcd,
             Err(err) => {
                 // Nothing current is known of its etcd.
-                world.etcd = super::world::EtcdObservation::Unreachable {
+                world.etcd = EtcdObservation::Unreachable {
                     reason: err.to_string(),
                 };
                 record_etcd_quorum(ctx, &world);
@@ -253,28 +251,45 @@ async fn decide_and_act(
         },
     };
     record_etcd_quorum(ctx, &world);
-    let planned = plan(&world);
-    if let (Some(machine), Ok(plan)) = (continuing, &planned)
-        && action_acts(&plan.action)
+    let decision = decide(&world, lifecycle);
+    if let (Some(machine), Some(plan)) = (continuing, decision.planned())
+        && decision.acts()
         && !matches!(&plan.action, Action::Step { removal, .. } if removal.machine == machine)
     {
         return chain_ends();
     }
     if reused
-        && let Ok(plan) = &planned
+        && let Some(plan) = decision.planned()
         && decided_on_its_own_snapshot(&plan.action)
     {
         // Decided on the pass before's snapshot: take one of its own first.
         WorkloadObservation::forget(&mut world);
         return Ok(Pass::Stale(Box::new((world, read))));
     }
-    if let Ok(plan) = &planned
-        && action_acts(&plan.action)
-        && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, plan.rule.as_str()).await?
+    if decision.acts()
+        && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, &decision.rule()).await?
     {
         return Ok(Pass::Stale(Box::new(fresh)));
     }
-    act_on_plan(ctx, kcps, kcp, world, etcd, planned).await
+    act_on_plan(ctx, kcps, kcp, world, etcd, decision).await
+}
+
+/// Publish `decision`'s Event when the status it implies is new.
+async fn announce(
+    ctx: &Context,
+    kcp: &KThreesControlPlane,
+    decision: &Decision,
+    status_changed: bool,
+) {
+    if !status_changed {
+        return;
+    }
+    if let Some(event) = decision.event() {
+        publish(ctx, kcp, event.type_, event.reason, &event.note).await;
+        if let Some(outcome) = event.remediation_outcome {
+            ctx.metrics.remediation(outcome);
+        }
+    }
 }
 
 /// Write conditions, then carry out the plan's one action, then status.
@@ -284,68 +299,52 @@ async fn act_on_plan(
     kcp: &KThreesControlPlane,
     mut world: World,
     etcd: Option<std::sync::Arc<crate::etcd::EtcdCluster>>,
-    planned: std::result::Result<super::plan::Plan, Refusal>,
+    mut decision: Decision,
 ) -> Result<Pass> {
     let namespace = kcp.namespace().unwrap_or_default();
-    let lifecycle = Lifecycle::Proceed {
-        secrets: plan_secrets(&world.secrets),
-    };
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    tracing::Span::current().record("rule", decision.rule().as_str());
 
-    let plan = match planned {
-        Err(refusal) => {
-            // Refuse, say why on the object, and act on nothing.
-            let status = kcp_status(&world, &lifecycle, Some(Err(&refusal)), None);
-            let changed = kcp.status.as_ref() != Some(&status);
-            write_kcp_status(kcps, &ctx.kcp_writes, kcp, &status).await?;
-            if changed {
-                let reason = match refusal {
-                    Refusal::Invalid(_) => "InvalidSpec",
-                    _ => "CannotDecide",
-                };
-                publish(ctx, kcp, EventType::Warning, reason, &refusal.to_string()).await;
-                warn!(%refusal, "refusing to act");
-            }
-            return Ok(Pass::Done(match refusal {
-                Refusal::Invalid(_) => Requeue::await_change(),
-                _ => Requeue::requeue(ctx.settings.wait_requeue),
-            }));
+    if let Some(refusal) = decision.refusal() {
+        // Refuse, say why on the object, and act on nothing.
+        let changed = kcp.status.as_ref() != Some(&decision.status);
+        write_kcp_status(kcps, &ctx.kcp_writes, kcp, &decision.status).await?;
+        announce(ctx, kcp, &decision, changed).await;
+        if changed {
+            warn!(rule = refusal.rule(), %refusal, "refusing to act");
         }
-        Ok(plan) => plan,
-    };
-    tracing::Span::current().record("rule", plan.rule.as_str());
+        return Ok(Pass::Done(match refusal {
+            Refusal::Invalid(_) => Requeue::await_change(),
+            _ => Requeue::requeue(ctx.settings.wait_requeue),
+        }));
+    }
 
     // Conditions first: they must say why, also when acting fails.
-    let mut written = Vec::new();
-    for machine in &world.machines {
-        let changes = machine_conditions(&world, &plan, machine);
+    for (name, changes) in std::mem::take(&mut decision.machine_conditions) {
+        let Some(machine) = world.machine(&name) else {
+            continue;
+        };
+        // Later writes of this reconcile are conditional on the new version.
         if let Some(updated) = write_machine_conditions(&machines, machine, changes).await? {
-            written.push(updated);
-        }
-    }
-    // Later writes of this reconcile are conditional on these new versions.
-    for updated in written {
-        if let Some(slot) = world
-            .machines
-            .iter_mut()
-            .find(|m| m.metadata.name == updated.metadata.name)
-        {
-            *slot = updated;
+            world.replace_machine(updated);
         }
     }
     // In place, no rollout: template metadata and node*Timeouts (CAPI's syncMachines).
     for updated in sync_machines(ctx, &world).await? {
         world.replace_machine(updated);
     }
+    let Some(plan) = decision.planned() else {
+        unreachable!("a proceeding decision has a plan or a refusal")
+    };
     let handle = etcd.clone();
-    let outcome = match act(ctx, &world, &plan, etcd).await {
+    let outcome = match act(ctx, &world, plan, etcd).await {
         Ok(outcome) => outcome,
         // A write conflict is an ordinary race: observed again, quietly.
         Err(err) if err.is_conflict() => return Err(err),
         Err(err) => {
             if matches!(
                 &plan.action,
-                super::plan::Action::Step { removal, .. }
+                Action::Step { removal, .. }
                     if matches!(removal.kind, crate::remediation::steps::RemovalKind::Remediation { .. })
             ) {
                 ctx.metrics.remediation("failed");
@@ -361,33 +360,13 @@ async fn act_on_plan(
             return Err(err);
         }
     };
-    let status = kcp_status(
-        &world,
-        &lifecycle,
-        Some(Ok(&plan)),
-        outcome.last_remediation,
-    );
+    let status = decision.status_after(outcome.last_remediation);
     let status_changed = kcp.status.as_ref() != Some(&status);
-    let acted = action_acts(&plan.action);
-    write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
+    write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, decision.acts(), &status).await?;
+    announce(ctx, kcp, &decision, status_changed).await;
 
     match &plan.action {
         Action::Wait => {
-            if status_changed {
-                // The Event names what waits; Warning only when something is wrong.
-                let event = super::events::wait_event(&plan.rule);
-                publish(
-                    ctx,
-                    kcp,
-                    event.type_,
-                    event.reason,
-                    &format!("{} ({})", plan.message, plan.rule),
-                )
-                .await;
-                if let Some(outcome) = event.remediation_outcome {
-                    ctx.metrics.remediation(outcome);
-                }
-            }
             // An expected wait: INFO once per change of the status, DEBUG after.
             if status_changed {
                 info!(rule = %plan.rule, "{}", plan.message);
@@ -419,12 +398,13 @@ async fn settle_lifecycle(
     ctx: &Context,
     kcps: &Api<KThreesControlPlane>,
     world: &World,
-    lifecycle: &Lifecycle,
+    decision: &Decision,
 ) -> Result<Requeue> {
     let kcp = &world.kcp;
+    let lifecycle = &decision.lifecycle;
     // etcd is not read on this path: no quorum series either.
     record_etcd_quorum(ctx, world);
-    let rule = lifecycle.rule();
+    let rule = decision.rule();
     tracing::Span::current().record("rule", rule.as_str());
     let applied = apply_lifecycle(ctx, world, lifecycle).await;
     if let (Lifecycle::Secrets { .. }, Some(cluster)) = (lifecycle, &world.cluster_name) {
@@ -461,12 +441,17 @@ async fn settle_lifecycle(
         }
         return Ok(Requeue::await_change());
     }
-    let status = kcp_status(world, lifecycle, None, None);
-    let changed = kcp.status.as_ref() != Some(&status);
-    let acted = lifecycle_acts(lifecycle);
-    write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, acted, &status).await?;
+    let changed = kcp.status.as_ref() != Some(&decision.status);
+    write_kcp_status_after(
+        kcps,
+        &ctx.kcp_writes,
+        kcp,
+        decision.acts(),
+        &decision.status,
+    )
+    .await?;
     if changed {
-        info!(rule = %rule, "{}", lifecycle.message());
+        info!(rule = %rule, "{}", decision.message());
     }
     let soon = Duration::from_millis(200);
     Ok(match lifecycle {
@@ -512,23 +497,6 @@ fn touches_etcd(action: &Action) -> bool {
     }
 }
 
-/// Whether carrying out `action` writes more than status and conditions.
-fn action_acts(action: &Action) -> bool {
-    matches!(
-        action,
-        Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
-    )
-}
-
-/// Whether settling `lifecycle` writes more than status (a finalizer, a
-/// Secret, a teardown step).
-fn lifecycle_acts(lifecycle: &Lifecycle) -> bool {
-    matches!(
-        lifecycle,
-        Lifecycle::AddFinalizer | Lifecycle::Secrets { .. } | Lifecycle::Delete { .. }
-    )
-}
-
 /// The quorum gauges of this world's cluster: the numbers `status.etcd`
 /// gets, or no series when etcd was not read this reconcile.
 fn record_etcd_quorum(ctx: &Context, world: &World) {
@@ -536,7 +504,7 @@ fn record_etcd_quorum(ctx: &Context, world: &World) {
         let namespace = world.kcp.namespace().unwrap_or_default();
         ctx.metrics.etcd_quorum(
             &format!("{namespace}/{cluster}"),
-            super::status::etcd_status(world).as_ref(),
+            crate::decision::status::etcd_status(world).as_ref(),
         );
     }
 }

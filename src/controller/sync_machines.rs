@@ -31,10 +31,10 @@ use crate::api::names::{
 };
 use crate::api::{KThreesConfig, KThreesControlPlane, Machine};
 
-use super::publish::{machine_ref, publish_about};
 use super::context::Context;
 use super::error::{Error, Result};
-use super::world::World;
+use super::publish::{machine_ref, publish_about};
+use crate::decision::world::World;
 
 const STEP: &str = "sync-machines";
 

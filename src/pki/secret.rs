@@ -1,7 +1,7 @@
 //! The Secret objects: type `cluster.x-k8s.io/secret`, label
 //! `cluster.x-k8s.io/cluster-name: <cluster>`, one owner reference (the
 //! KThreesControlPlane, as controller). Names of the etcd CA and kubeconfig
-//! Secrets are in [`crate::workload::secrets`].
+//! Secrets are in `workload::secrets`.
 
 use std::collections::BTreeMap;
 
@@ -93,7 +93,7 @@ pub fn kubeconfig_secret(
         KUBECONFIG_SECRET_KEY.to_string(),
         kubeconfig_yaml.as_bytes().to_vec(),
     )]);
-    let name = crate::workload::secrets::kubeconfig_secret_name(cluster);
+    let name = crate::api::names::kubeconfig_secret_name(cluster);
     cluster_secret(namespace, cluster, &name, data, owner)
 }
 

@@ -360,10 +360,33 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// The status form of a remediation record (`status.lastRemediation`).
+impl From<&RemediationData> for crate::api::RemediationData {
+    fn from(record: &RemediationData) -> Self {
+        let timestamp = record
+            .timestamp
+            .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.timestamp()).ok())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        crate::api::RemediationData {
+            machine: record.machine.clone(),
+            timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(timestamp),
+            retry_count: record.retry_count.min(i32::MAX as u32) as i32,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn status_form_serializes_like_the_annotations() {
+        let text = r#"{"machine":"m1","timestamp":"2024-05-01T10:00:00Z","retryCount":2}"#;
+        let record = RemediationData::parse(text, "ns/m2", "test").unwrap();
+        let status = crate::api::RemediationData::from(&record);
+        assert_eq!(serde_json::to_string(&status).unwrap(), text);
+    }
 
     #[test]
     fn remediation_data_round_trips_the_capi_json() {

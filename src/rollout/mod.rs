@@ -33,7 +33,7 @@ pub fn desired(kcp: &KThreesControlPlane) -> Desired {
             .spec
             .rollout_after
             .as_ref()
-            .map(crate::controller::world::to_chrono),
+            .map(crate::api::time::to_chrono),
     }
 }
 
@@ -57,9 +57,30 @@ pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
             .metadata
             .creation_timestamp
             .as_ref()
-            .map(crate::controller::world::to_chrono)
+            .map(crate::api::time::to_chrono)
             .unwrap_or(now),
     }
+}
+
+/// Why each of `machines` needs a rollout under `desired` at `now`, by
+/// Machine name (an empty list: up to date). Computed once per decision.
+pub type OutdatedMachines = std::collections::BTreeMap<String, Vec<OutdatedReason>>;
+
+/// [`reasons_for`] of every Machine, by name.
+pub fn outdated_machines(
+    desired: &Desired,
+    machines: &[Machine],
+    now: DateTime<Utc>,
+) -> OutdatedMachines {
+    machines
+        .iter()
+        .map(|m| {
+            (
+                m.metadata.name.clone().unwrap_or_default(),
+                reasons_for(desired, m, now),
+            )
+        })
+        .collect()
 }
 
 /// Why `machine` needs a rollout under `desired` at `now` (empty: up to

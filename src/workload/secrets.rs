@@ -10,20 +10,9 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::error::Error;
 use super::trust::{self, Refusal, Unusable, Verdict};
-use crate::api::names::{
-    ETCD_CA_SECRET_SUFFIX, KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_SUFFIX, TLS_CERT_KEY,
-    TLS_KEY_KEY,
-};
+use crate::api::names::{KUBECONFIG_SECRET_KEY, TLS_CERT_KEY, TLS_KEY_KEY};
 
-/// Name of the kubeconfig Secret of `cluster`.
-pub fn kubeconfig_secret_name(cluster: &str) -> String {
-    format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
-}
-
-/// Name of the etcd CA Secret of `cluster`.
-pub fn etcd_secret_name(cluster: &str) -> String {
-    format!("{cluster}{ETCD_CA_SECRET_SUFFIX}")
-}
+pub use crate::api::names::{etcd_secret_name, kubeconfig_secret_name};
 
 /// `namespace/name` of a Secret, for messages.
 pub fn secret_ref(secret: &Secret) -> String {

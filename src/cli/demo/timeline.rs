@@ -22,7 +22,7 @@ use crate::api::names::{
     PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
 };
 use crate::api::{KThreesControlPlane, Machine};
-use crate::controller::contract_conditions::{AVAILABLE, INITIALIZED};
+use crate::decision::contract_conditions::{AVAILABLE, INITIALIZED};
 
 use super::DemoError;
 

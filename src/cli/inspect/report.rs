@@ -4,10 +4,9 @@ use serde::Serialize;
 
 use crate::api::Machine;
 use crate::api::names::{HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION};
-use crate::controller::plan::{Refusal, plan};
-use crate::controller::view::{lifecycle_view, mapping};
-use crate::controller::world::{EtcdObservation, WorkloadState, World};
-use crate::lifecycle::{Lifecycle, decide as decide_lifecycle};
+use crate::decision::world::{EtcdObservation, WorkloadState, World};
+use crate::decision::{Decision, decide, decide_lifecycle};
+use crate::lifecycle::Lifecycle;
 use crate::membership::{Ambiguity, MatchRule, MembershipMap};
 use crate::quorum::Assessment;
 
@@ -253,20 +252,16 @@ fn lifecycle_action(lifecycle: &Lifecycle) -> &'static str {
     }
 }
 
-fn refusal_rule(refusal: &Refusal) -> &'static str {
-    match refusal {
-        Refusal::Invalid(_) => "refused.invalid-spec",
-        Refusal::View(_) => "refused.invalid-object",
-        Refusal::AmbiguousMembership(_) => "refused.ambiguous-membership",
-        Refusal::NoCluster => "refused.no-cluster",
-    }
-}
-
 impl Report {
-    /// The report of one observation: the mapping and the plan are computed
-    /// by the controller's own pure functions.
+    /// The report of one observation, decided as the controller decides it.
     pub fn from_world(world: &World) -> Self {
-        let map: MembershipMap = mapping(world).unwrap_or_default();
+        Self::of(world, &decide(world, decide_lifecycle(world)))
+    }
+
+    /// The report of `decision`, taken on `world`: every piece is the
+    /// record's own, nothing is decided again.
+    pub fn of(world: &World, decision: &Decision) -> Self {
+        let map: MembershipMap = decision.mapping.clone().unwrap_or_default();
         let snapshot = world.snapshot();
         let node_of_machine = |machine: &str| {
             world
@@ -311,13 +306,12 @@ impl Report {
         // etcd lists members by id; people look them up by name.
         let mut members = members;
         members.sort_by(|a, b| a.name.cmp(&b.name));
-        let desired = crate::rollout::desired(&world.kcp);
         let machines: Vec<MachineRow> = world
             .machines
             .iter()
             .map(|m| {
                 let name = m.metadata.name.clone().unwrap_or_default();
-                let outdated = crate::rollout::reasons_for(&desired, m, world.now);
+                let outdated = decision.outdated.get(&name).cloned().unwrap_or_default();
                 let conditions = [HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION]
                     .iter()
                     .filter_map(|t| m.condition(t))
@@ -379,37 +373,31 @@ impl Report {
                 transport: world.etcd_transport.clone(),
             },
         };
-        let lifecycle = (world.cluster_name.is_some()
-            || world.kcp.metadata.deletion_timestamp.is_some())
-        .then(|| decide_lifecycle(&lifecycle_view(world)))
-        .filter(|l| !matches!(l, Lifecycle::Proceed { .. }));
-        let next = match (lifecycle, plan(world)) {
-            (Some(lifecycle), _) => NextReport {
-                refused: match &lifecycle {
+        let next = match &decision.plan {
+            None => NextReport {
+                refused: match &decision.lifecycle {
                     Lifecycle::MixedManagement { .. } => true,
                     Lifecycle::Secrets { plan } => plan.blocked.is_some(),
                     _ => false,
                 },
-                action: Some(lifecycle_action(&lifecycle).to_string()),
-                rule: lifecycle.rule(),
-                message: lifecycle.message(),
+                action: Some(lifecycle_action(&decision.lifecycle).to_string()),
+                rule: decision.rule(),
+                message: decision.message(),
             },
-            (None, planned) => match planned {
-                Ok(plan) => {
-                    let summary = plan.summary();
-                    NextReport {
-                        refused: false,
-                        action: Some(summary.action),
-                        rule: summary.rule,
-                        message: summary.message,
-                    }
+            Some(Ok(plan)) => {
+                let summary = plan.summary();
+                NextReport {
+                    refused: false,
+                    action: Some(summary.action),
+                    rule: summary.rule,
+                    message: summary.message,
                 }
-                Err(refusal) => NextReport {
-                    refused: true,
-                    action: None,
-                    rule: refusal_rule(&refusal).to_string(),
-                    message: refusal.to_string(),
-                },
+            }
+            Some(Err(_)) => NextReport {
+                refused: true,
+                action: None,
+                rule: decision.rule(),
+                message: decision.message(),
             },
         };
         Report {
@@ -459,7 +447,7 @@ impl Report {
                 .collect(),
             version: world.kcp.spec.version.clone(),
             replicas: {
-                let r = crate::controller::contract_conditions::replicas(world);
+                let r = &decision.replicas;
                 ReplicasReport {
                     desired: r.desired,
                     machines: world.machines.len() as i32,
@@ -471,7 +459,7 @@ impl Report {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
                     summary: assessment.to_string(),
-                    status: crate::controller::status::etcd_quorum_status(snap),
+                    status: crate::decision::status::etcd_quorum_status(snap),
                     assessment,
                 }
             }),

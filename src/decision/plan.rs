@@ -58,6 +58,18 @@ pub enum Refusal {
     NoCluster,
 }
 
+impl Refusal {
+    /// The rule a refusal is reported under.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Refusal::Invalid(_) => "refused.invalid-spec",
+            Refusal::View(_) => "refused.invalid-object",
+            Refusal::AmbiguousMembership(_) => "refused.ambiguous-membership",
+            Refusal::NoCluster => "refused.no-cluster",
+        }
+    }
+}
+
 /// The decision of one reconcile, explainable: `rule` names what fired and
 /// `message` carries the numbers.
 #[derive(Debug)]
@@ -99,8 +111,21 @@ impl Plan {
     }
 }
 
-/// Decide the next action for `world`.
+/// Decide the next action for `world` on its own mapping and desired state
+/// (table tests; the controller takes [`super::decide`]'s record).
 pub fn plan(world: &World) -> Result<Plan, Refusal> {
+    let desired = crate::rollout::desired(&world.kcp);
+    let outdated = crate::rollout::outdated_machines(&desired, &world.machines, world.now);
+    plan_on(world, mapping(world), &outdated)
+}
+
+/// Decide the next action for `world`, whose membership maps to its Machines
+/// as `mapping` says and whose Machines need a rollout as `outdated` says.
+pub fn plan_on(
+    world: &World,
+    mapping: Option<MembershipMap>,
+    outdated: &crate::rollout::OutdatedMachines,
+) -> Result<Plan, Refusal> {
     validate_kcp(&world.kcp).map_err(Refusal::Invalid)?;
     let machine_versions: Vec<(&str, Option<&str>)> = world
         .machines
@@ -126,14 +151,13 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     if world.cluster_name.is_none() {
         return Err(Refusal::NoCluster);
     }
-    let mapping = mapping(world);
     if let Some(m) = &mapping
         && !m.ambiguities.is_empty()
     {
         let list: Vec<String> = m.ambiguities.iter().map(ToString::to_string).collect();
         return Err(Refusal::AmbiguousMembership(list.join("; ")));
     }
-    let view = control_plane_view(world, mapping.as_ref()).map_err(Refusal::View)?;
+    let view = control_plane_view(world, mapping.as_ref(), outdated).map_err(Refusal::View)?;
     let remediation = decide(&view, world.now);
     let orphans = decide_orphans(&view, &orphan_input(world, mapping.as_ref()), world.now);
     // The validator refused anything but 0 or 1 above.

@@ -83,16 +83,15 @@ pub struct Replicas {
     pub rolling_out: i32,
 }
 
-/// Count the Machines of `world`.
-pub fn replicas(world: &World) -> Replicas {
+/// Count the Machines of `world`, `outdated` saying which need a rollout.
+pub fn replicas(world: &World, outdated: &crate::rollout::OutdatedMachines) -> Replicas {
     let mut r = Replicas {
         desired: world.kcp.desired_replicas(),
         ..Replicas::default()
     };
-    let desired = crate::rollout::desired(&world.kcp);
     for m in &world.machines {
         let name = m.metadata.name.clone().unwrap_or_default();
-        let reasons = crate::rollout::reasons_for(&desired, m, world.now);
+        let reasons = outdated.get(&name).cloned().unwrap_or_default();
         if reasons.is_empty() {
             r.up_to_date += 1;
         } else if !m.is_deleting() {
@@ -146,8 +145,8 @@ pub fn contract_conditions(
     world: &World,
     lifecycle: &Lifecycle,
     plan: Option<&Plan>,
+    r: &Replicas,
 ) -> Vec<Value> {
-    let r = replicas(world);
     let initialized = world.control_plane_initialized();
     let mut out = Vec::new();
 

@@ -21,7 +21,8 @@ use crate::remediation::model::{
 };
 use crate::remediation::steps::parse_hook_value;
 
-use super::world::{EtcdObservation, World, to_chrono};
+use super::world::{EtcdObservation, World};
+use crate::api::time::to_chrono;
 
 /// Bad observed input that must stop the reconcile: named by object and field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -111,6 +112,7 @@ fn remediation_data(
 pub fn control_plane_view(
     world: &World,
     mapping: Option<&MembershipMap>,
+    outdated: &crate::rollout::OutdatedMachines,
 ) -> Result<ControlPlaneView, ViewError> {
     let kcp = &world.kcp;
     let kcp_name = format!(
@@ -120,10 +122,9 @@ pub fn control_plane_view(
     );
     let empty = BTreeMap::new();
     let kcp_annotations = kcp.metadata.annotations.as_ref().unwrap_or(&empty);
-    let desired = crate::rollout::desired(kcp);
     let mut machines = Vec::with_capacity(world.machines.len());
     for machine in &world.machines {
-        machines.push(machine_view(world, machine, mapping, &desired)?);
+        machines.push(machine_view(world, machine, mapping, outdated)?);
     }
     Ok(ControlPlaneView {
         name: kcp.metadata.name.clone().unwrap_or_default(),
@@ -224,17 +225,6 @@ pub fn lifecycle_view(world: &World) -> LifecycleView {
     }
 }
 
-/// `status.initialized` or the v1beta2 `status.initialization.controlPlaneInitialized`.
-pub fn is_initialized(kcp: &KThreesControlPlane) -> bool {
-    kcp.status.as_ref().is_some_and(|s| {
-        s.initialized
-            || s.initialization
-                .as_ref()
-                .and_then(|i| i.control_plane_initialized)
-                .unwrap_or(false)
-    })
-}
-
 fn strategy(kcp: &KThreesControlPlane) -> RemediationStrategy {
     // The validator has already refused invalid durations; defaults otherwise.
     let defaults = RemediationStrategy::default();
@@ -251,7 +241,7 @@ fn machine_view(
     world: &World,
     machine: &Machine,
     mapping: Option<&MembershipMap>,
-    desired: &crate::rollout::Desired,
+    outdated: &crate::rollout::OutdatedMachines,
 ) -> Result<MachineView, ViewError> {
     let name = name_of(machine);
     let object = format!(
@@ -278,7 +268,10 @@ fn machine_view(
     )
     .is_some_and(|c| c.status == "False");
     let node = machine.node_name().and_then(|n| world.node(n));
-    let outdated_reasons = crate::rollout::reasons_for(desired, machine, world.now);
+    let outdated_reasons = outdated
+        .get(machine.metadata.name.as_deref().unwrap_or_default())
+        .cloned()
+        .unwrap_or_default();
     Ok(MachineView {
         name: name.clone(),
         created: machine
@@ -398,7 +391,14 @@ pub fn other_pre_terminate_hooks(annotations: &BTreeMap<String, String>) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::world::WorkloadState;
+
+    /// The view of `w` under its own KThreesControlPlane's desired state.
+    fn view_of(w: &World, mapping: Option<&MembershipMap>) -> Result<ControlPlaneView, ViewError> {
+        let desired = crate::rollout::desired(&w.kcp);
+        let outdated = crate::rollout::outdated_machines(&desired, &w.machines, w.now);
+        control_plane_view(w, mapping, &outdated)
+    }
+    use crate::decision::world::WorkloadState;
     use crate::etcd::{MemberSnapshot, MembershipSnapshot};
     use serde_json::json;
 
@@ -459,7 +459,7 @@ mod tests {
 
     #[test]
     fn unreadable_alarms_make_the_membership_unknown_not_alarm_free() {
-        let view = control_plane_view(
+        let view = view_of(
             &world(EtcdObservation::Observed(snapshot(Some(
                 "etcdserver: request timed out",
             )))),
@@ -472,8 +472,7 @@ mod tests {
             }
             other => panic!("expected Unreachable, got {other:?}"),
         }
-        let view =
-            control_plane_view(&world(EtcdObservation::Observed(snapshot(None))), None).unwrap();
+        let view = view_of(&world(EtcdObservation::Observed(snapshot(None))), None).unwrap();
         assert!(matches!(view.etcd, EtcdState::Observed(_)));
     }
 
@@ -482,7 +481,7 @@ mod tests {
         let mut lost = snapshot(Some("no voter can reach a quorum"));
         lost.members[0].status = None;
         lost.members[0].probe_error = Some("cannot serve a linearizable read".into());
-        let view = control_plane_view(&world(EtcdObservation::Observed(lost)), None).unwrap();
+        let view = view_of(&world(EtcdObservation::Observed(lost)), None).unwrap();
         // Observed: the quorum rule refuses every removal, with the numbers.
         assert!(
             matches!(view.etcd, EtcdState::Observed(_)),
@@ -589,7 +588,7 @@ mod tests {
             w.machines = vec![machine];
             w.workload = WorkloadState::Nodes(vec![node]);
             let map = mapping(&w);
-            let view = control_plane_view(&w, map.as_ref()).unwrap();
+            let view = view_of(&w, map.as_ref()).unwrap();
             let got = view.machines[0]
                 .etcd_member_missing
                 .as_ref()
@@ -690,7 +689,7 @@ mod tests {
             )]
             .into(),
         );
-        let err = control_plane_view(&w, None).unwrap_err();
+        let err = view_of(&w, None).unwrap_err();
         assert_eq!(err.object, "KThreesControlPlane ns/cp");
         assert!(
             err.field.contains(REMEDIATION_IN_PROGRESS_ANNOTATION),

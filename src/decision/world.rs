@@ -2,7 +2,6 @@
 //! `inspect`) reads, gathered once, before anything is decided.
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Cluster, KThreesControlPlane, Machine};
 use crate::etcd::MembershipSnapshot;
@@ -94,7 +93,7 @@ impl World {
     /// Initialized: recorded in status before, or the workload API answers
     /// with a control-plane Node of one of our Machines (the first server is up).
     pub fn control_plane_initialized(&self) -> bool {
-        crate::controller::view::is_initialized(&self.kcp)
+        self.kcp.is_initialized()
             || self.machines.iter().any(|m| {
                 m.node_name()
                     .is_some_and(|n| self.nodes().iter().any(|node| node.name == n))
@@ -118,11 +117,4 @@ impl World {
             *slot = updated;
         }
     }
-}
-
-/// A Kubernetes timestamp as chrono (the remediation model's clock type).
-pub fn to_chrono(time: &Time) -> DateTime<Utc> {
-    let ts = time.0;
-    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32)
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }

@@ -1,0 +1,15 @@
+//! Decide once: from the observed [`world::World`] to one [`record::Decision`]
+//! (the mapping, the view, the desired state, the lifecycle step, the plan
+//! with its rule and message, and the status and conditions they imply).
+//! Pure: the controller observes the world and acts on the record; status,
+//! Events, `inspect` and the demo read the same record.
+
+pub mod contract_conditions;
+pub mod events;
+pub mod plan;
+pub mod record;
+pub mod status;
+pub mod view;
+pub mod world;
+
+pub use record::{Decision, DecisionEvent, decide, decide_lifecycle};
