@@ -32,7 +32,7 @@ use k3s_control_plane::api::names::{
 };
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
-use k3s_control_plane::controller::status::ETCD_CLUSTER_HEALTHY;
+use k3s_control_plane::decision::status::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::harness::sandbox::{
     KCP, Sandbox, VERSION, cluster_object, kcp_object, management_server, mark_initialized,
 };

@@ -64,7 +64,7 @@ use k3s_control_plane::api::names::{
 };
 use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
-use k3s_control_plane::controller::status::ETCD_CLUSTER_HEALTHY;
+use k3s_control_plane::decision::status::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::capi_sim::MachineDeletionSim;
 use k3s_control_plane::harness::sandbox::{
