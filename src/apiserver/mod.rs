@@ -3,7 +3,7 @@
 //! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
 //! garbage collection, selectors, paging and watch), optionally enforcing RBAC for
 //! token and client-certificate users ([`TestApiServerBuilder::enforce_rbac`]).
-//! Deviations: README.md, "The test API server and its conformance suite".
+//! Deviations: docs/apiserver.md, "Known deviations from a real API server".
 
 mod auth;
 mod builtin;
