@@ -192,3 +192,134 @@ impl Decision {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::KThreesControlPlane;
+    use crate::decision::world::{EtcdObservation, WorkloadState};
+
+    fn world(spec: serde_json::Value, cluster: Option<&str>) -> World {
+        let kcp: KThreesControlPlane = serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
+            "spec": spec,
+        }))
+        .unwrap();
+        World {
+            kcp,
+            cluster_name: cluster.map(Into::into),
+            cluster: None,
+            machines: vec![],
+            foreign_machines: vec![],
+            workers: vec![],
+            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
+            workload: WorkloadState::Nodes(vec![]),
+            etcd: EtcdObservation::Unreachable {
+                reason: "not read".into(),
+            },
+            etcd_transport: None,
+            members_first_seen: Default::default(),
+            orphan_grace: std::time::Duration::from_secs(300),
+            member_missing_grace: std::time::Duration::from_secs(120),
+            now: chrono::Utc::now(),
+        }
+    }
+
+    fn valid_spec() -> serde_json::Value {
+        json!({"replicas": 3, "version": "v1.30.2+k3s2",
+               "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}})
+    }
+
+    fn proceed(w: &World) -> Lifecycle {
+        Lifecycle::Proceed {
+            secrets: plan_secrets(&w.secrets),
+        }
+    }
+
+    #[test]
+    fn an_invalid_spec_is_a_refusal_with_a_warning_and_acts_on_nothing() {
+        let w = world(
+            json!({"replicas": 2, "version": "v1.30.2+k3s2",
+                   "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}}),
+            Some("c"),
+        );
+        let decision = decide(&w, proceed(&w));
+        assert_eq!(decision.rule(), "refused.invalid-spec");
+        assert!(
+            decision.message().contains("spec.replicas"),
+            "{}",
+            decision.message()
+        );
+        assert!(!decision.acts());
+        assert!(decision.machine_conditions.is_empty());
+        let event = decision.event().expect("a refusal is announced");
+        assert_eq!(
+            (event.type_, event.reason),
+            (EventType::Warning, "InvalidSpec")
+        );
+        // The status it implies says so.
+        let spec_valid = decision
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == super::super::status::SPEC_VALID)
+            .expect("SpecValid condition");
+        assert_eq!(spec_valid.status, "False");
+    }
+
+    #[test]
+    fn without_a_cluster_the_record_says_so_and_waits_to_be_told() {
+        let w = world(valid_spec(), None);
+        let lifecycle = decide_lifecycle(&w);
+        assert!(
+            matches!(lifecycle, Lifecycle::Proceed { .. }),
+            "{lifecycle:?}"
+        );
+        let decision = decide(&w, lifecycle);
+        assert_eq!(decision.rule(), "refused.no-cluster");
+        let event = decision.event().expect("announced");
+        assert_eq!(
+            (event.type_, event.reason),
+            (EventType::Warning, "CannotDecide")
+        );
+    }
+
+    #[test]
+    fn a_lifecycle_stop_has_no_plan_and_carries_the_lifecycle_rule() {
+        let mut w = world(valid_spec(), Some("c"));
+        w.kcp.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let lifecycle = decide_lifecycle(&w);
+        assert!(
+            !matches!(lifecycle, Lifecycle::Proceed { .. }),
+            "{lifecycle:?}"
+        );
+        let rule = lifecycle.rule();
+        let decision = decide(&w, lifecycle);
+        assert!(decision.plan.is_none());
+        assert_eq!(decision.rule(), rule);
+        assert_eq!(decision.event(), None);
+    }
+
+    #[test]
+    fn the_status_after_acting_adds_the_recorded_remediation_only() {
+        let w = world(valid_spec(), Some("c"));
+        let decision = decide(&w, proceed(&w));
+        assert_eq!(decision.status_after(None), decision.status);
+        let recorded = RemediationData {
+            machine: "m1".into(),
+            timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            retry_count: 1,
+        };
+        let after = decision.status_after(Some(recorded.clone()));
+        assert_eq!(after.last_remediation, Some(recorded));
+        assert_eq!(after.conditions, decision.status.conditions);
+    }
+}
