@@ -192,6 +192,7 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::DatastoreEndpointNeedsExternalDatastore => "self.externalDatastore",
             Rule::InfrastructureRefRequired => "infrastructureRef",
             Rule::MaxRetryNotNegative => ">= 0",
+            Rule::CertificatesExpiryDaysAtLeastSeven => ">= 7",
             Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",
             Rule::MaxSurgeZeroOrOne => "string(self) in ['0', '1']",
             Rule::RolloutTypeRollingUpdate => "'RollingUpdate'",

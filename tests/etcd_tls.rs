@@ -160,3 +160,42 @@ async fn a_renewed_client_certificate_gets_new_connections_and_the_old_ones_are_
     etcd.snapshot().await.unwrap();
     assert_eq!(etcd.connections_opened(), 6, "and those are reused");
 }
+
+/// Each member's serving certificate expiry is seen in the handshakes the
+/// snapshot makes anyway: read after a snapshot, with no new connection, and
+/// unknown before any handshake.
+#[tokio::test]
+async fn each_members_serving_certificate_expiry_is_seen_without_a_new_connection() {
+    init();
+    let lifetime = std::time::Duration::from_secs(600);
+    let c = EtcdTestCluster::builder()
+        .members(3)
+        .serving_cert_lifetime(lifetime)
+        .start()
+        .await
+        .expect("start cluster");
+    let etcd = EtcdCluster::new(&c.endpoints(), c.minted_tls()).unwrap();
+    let snap = etcd.snapshot().await.unwrap();
+    let opened = etcd.connections_opened();
+    let now = std::time::SystemTime::now();
+    for member in &snap.members {
+        let not_after = etcd
+            .serving_cert_not_after(member)
+            .unwrap_or_else(|| panic!("{}: no expiry seen", member.label()));
+        let left = not_after.duration_since(now).expect("not expired yet");
+        assert!(
+            left <= lifetime && left >= lifetime - std::time::Duration::from_secs(120),
+            "{}: {left:?} left, issued for {lifetime:?}",
+            member.label()
+        );
+    }
+    assert_eq!(
+        etcd.connections_opened(),
+        opened,
+        "no connection of its own"
+    );
+
+    // Before any handshake nothing is known.
+    let fresh = EtcdCluster::new(&c.endpoints(), c.minted_tls()).unwrap();
+    assert_eq!(fresh.serving_cert_not_after(&snap.members[0]), None);
+}

@@ -26,6 +26,7 @@ fn good() -> KThreesControlPlane {
             version: "v1.30.2+k3s2".into(),
             kthrees_config_spec: Default::default(),
             rollout_after: None,
+            rollout_before: None,
             machine_template: KThreesControlPlaneMachineTemplate {
                 infrastructure_ref: Some(ObjectReference {
                     api_version: Some("infrastructure.cluster.x-k8s.io/v1beta1".into()),
@@ -224,6 +225,15 @@ fn cases() -> Vec<Case> {
                     .name = None;
             },
             &[Rule::InfrastructureRefRequired],
+        ),
+        (
+            "certificates_expiry_days_below_seven",
+            |k| {
+                k.spec.rollout_before = Some(k3s_control_plane::api::kcp::RolloutBefore {
+                    certificates_expiry_days: Some(6),
+                })
+            },
+            &[Rule::CertificatesExpiryDaysAtLeastSeven],
         ),
         (
             "negative_max_retry",

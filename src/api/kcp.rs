@@ -163,6 +163,10 @@ pub struct KThreesControlPlaneSpec {
     /// Roll out all machines after this time even without spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_after: Option<Time>,
+    /// Roll out machines before something about them expires (CAPI's
+    /// KubeadmControlPlane field of the same name and meaning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_before: Option<RolloutBefore>,
     /// How control-plane machines are shaped.
     #[serde(default)]
     pub machine_template: KThreesControlPlaneMachineTemplate,
@@ -239,6 +243,17 @@ pub struct RollingUpdate {
 
 /// Default `rolloutStrategy.rollingUpdate.maxSurge`.
 pub const DEFAULT_MAX_SURGE: u32 = 1;
+
+/// `spec.rolloutBefore`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutBefore {
+    /// Replace a Machine whose certificates expire within this many days
+    /// (at least 7). A Machine whose expiry is unknown is never rolled for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 7").message("spec.rolloutBefore.certificatesExpiryDays: must be at least 7"))]
+    pub certificates_expiry_days: Option<i32>,
+}
 
 /// How control-plane machine remediation happens.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]

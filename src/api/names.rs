@@ -217,3 +217,8 @@ pub fn kubeconfig_secret_name(cluster: &str) -> String {
 pub fn etcd_secret_name(cluster: &str) -> String {
     format!("{cluster}{ETCD_CA_SECRET_SUFFIX}")
 }
+
+/// CAPI's annotation for a Machine's certificates expiry (RFC 3339): set by
+/// hand on the Machine, or by the control-plane provider on the bootstrap
+/// config, from which CAPI copies it into `Machine.status.certificatesExpiryDate`.
+pub const CERTIFICATES_EXPIRY_ANNOTATION: &str = "machine.cluster.x-k8s.io/certificates-expiry";

@@ -37,6 +37,8 @@ pub enum Rule {
     InfrastructureRefRequired,
     /// `spec.remediationStrategy.maxRetry` >= 0.
     MaxRetryNotNegative,
+    /// `spec.rolloutBefore.certificatesExpiryDays` >= 7.
+    CertificatesExpiryDaysAtLeastSeven,
     /// `spec.remediationStrategy.retryPeriod` is a non-negative Go duration.
     RetryPeriodDuration,
     /// `spec.remediationStrategy.minHealthyPeriod` is a non-negative Go duration.
@@ -53,13 +55,14 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
         Rule::DatastoreEndpointNeedsExternalDatastore,
         Rule::InfrastructureRefRequired,
         Rule::MaxRetryNotNegative,
+        Rule::CertificatesExpiryDaysAtLeastSeven,
         Rule::RetryPeriodDuration,
         Rule::MinHealthyPeriodDuration,
         Rule::MaxSurgeZeroOrOne,
@@ -80,6 +83,7 @@ impl Rule {
             }
             Rule::InfrastructureRefRequired => "spec.machineTemplate.infrastructureRef",
             Rule::MaxRetryNotNegative => "spec.remediationStrategy.maxRetry",
+            Rule::CertificatesExpiryDaysAtLeastSeven => "spec.rolloutBefore.certificatesExpiryDays",
             Rule::RetryPeriodDuration => "spec.remediationStrategy.retryPeriod",
             Rule::MinHealthyPeriodDuration => "spec.remediationStrategy.minHealthyPeriod",
             Rule::MaxSurgeZeroOrOne => "spec.rolloutStrategy.rollingUpdate.maxSurge",
@@ -213,6 +217,18 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
                 );
             }
         }
+    }
+
+    if let Some(days) = spec
+        .rollout_before
+        .as_ref()
+        .and_then(|r| r.certificates_expiry_days)
+        .filter(|d| *d < 7)
+    {
+        fail(
+            Rule::CertificatesExpiryDaysAtLeastSeven,
+            format!("must be at least 7 (got {days})"),
+        );
     }
 
     if let Some(strategy) = &spec.remediation_strategy {

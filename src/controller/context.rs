@@ -103,6 +103,9 @@ pub struct Context {
     /// when election is disabled. A reconcile that starts without it returns
     /// without writing.
     pub leader: LeaderGuard,
+    /// Certificate expiry annotations written (`namespace/config`, value), so
+    /// that one is written once while CAPI has not copied it yet.
+    pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl Context {
@@ -137,6 +140,7 @@ impl Context {
             caches: std::sync::RwLock::new(None),
             secrets,
             leader,
+            certificate_annotations: Mutex::new(Default::default()),
         })
     }
 

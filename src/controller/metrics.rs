@@ -45,6 +45,15 @@ pub struct ClusterLabels {
     pub cluster: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabels {
+    /// `<namespace>/<cluster>`.
+    pub cluster: String,
+    pub machine: String,
+    /// Which certificate: `etcd-serving` (the only one observed so far).
+    pub certificate: String,
+}
+
 /// Every metric the controller exports, registered in one registry.
 #[derive(Clone)]
 pub struct Metrics {
@@ -73,6 +82,11 @@ pub struct Metrics {
     pub etcd_voters: Family<ClusterLabels, Gauge>,
     /// `status.etcd.healthyVoters` per cluster, only while etcd was read.
     pub etcd_healthy_voters: Family<ClusterLabels, Gauge>,
+    /// Unix time each Machine's certificates expire, where known.
+    pub certificate_expiry: Family<CertificateLabels, Gauge>,
+    /// Which certificate series each cluster has, to drop those of Machines gone.
+    certificate_series:
+        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<CertificateLabels>>>>,
 }
 
 impl Metrics {
@@ -94,6 +108,8 @@ impl Metrics {
             etcd_quorum_margin: Family::default(),
             etcd_voters: Family::default(),
             etcd_healthy_voters: Family::default(),
+            certificate_expiry: Family::default(),
+            certificate_series: Default::default(),
         };
         let sub = registry.sub_registry_with_prefix("k3scp");
         sub.register(
@@ -152,6 +168,11 @@ impl Metrics {
             metrics.etcd_quorum_margin.clone(),
         );
         sub.register(
+            "certificate_expiry_seconds",
+            "Unix time a Machine's certificate expires (certificate=etcd-serving: as our TLS handshake with its etcd member verified it, or the Machine's own certificates-expiry value)",
+            metrics.certificate_expiry.clone(),
+        );
+        sub.register(
             "etcd_voters",
             "Voting etcd members; absent while etcd is unknown",
             metrics.etcd_voters.clone(),
@@ -191,6 +212,45 @@ impl Metrics {
                     family.remove(&labels);
                 }
             }
+        }
+    }
+
+    /// The certificate expiry series of `cluster`: exactly `expiries`
+    /// (Machine, Unix time); the cluster's other series go.
+    pub fn certificate_expiries<'a>(
+        &self,
+        cluster: &str,
+        expiries: impl Iterator<Item = (&'a str, i64)>,
+    ) {
+        let wanted: std::collections::HashMap<CertificateLabels, i64> = expiries
+            .map(|(machine, at)| {
+                (
+                    CertificateLabels {
+                        cluster: cluster.to_string(),
+                        machine: machine.to_string(),
+                        certificate: "etcd-serving".into(),
+                    },
+                    at,
+                )
+            })
+            .collect();
+        // prometheus-client cannot list a family's series: a Machine that is
+        // gone is dropped by name when the cluster's set changes.
+        let mut known = self
+            .certificate_series
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let previous = known.remove(cluster).unwrap_or_default();
+        for labels in previous {
+            if !wanted.contains_key(&labels) {
+                self.certificate_expiry.remove(&labels);
+            }
+        }
+        for (labels, at) in &wanted {
+            self.certificate_expiry.get_or_create(labels).set(*at);
+        }
+        if !wanted.is_empty() {
+            known.insert(cluster.to_string(), wanted.into_keys().collect());
         }
     }
 

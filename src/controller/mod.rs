@@ -5,6 +5,7 @@
 pub mod act;
 pub mod apply_lifecycle;
 pub mod caches;
+pub mod certificate_expiry;
 pub mod cluster_secrets;
 pub mod context;
 pub mod create;

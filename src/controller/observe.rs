@@ -247,6 +247,7 @@ pub async fn observe_management(
             },
             etcd: EtcdObservation::Unreachable { reason },
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
@@ -334,6 +335,7 @@ pub async fn observe_management(
             workload,
             etcd,
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
@@ -356,6 +358,7 @@ pub struct WorkloadObservation {
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
+    serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     handle: Option<Arc<EtcdCluster>>,
 }
 
@@ -367,6 +370,7 @@ impl WorkloadObservation {
             etcd: world.etcd,
             etcd_transport: world.etcd_transport,
             members_first_seen: world.members_first_seen,
+            serving_certs: world.serving_certs,
             handle,
         }
     }
@@ -377,6 +381,7 @@ impl WorkloadObservation {
         world.etcd = self.etcd;
         world.etcd_transport = self.etcd_transport;
         world.members_first_seen = self.members_first_seen;
+        world.serving_certs = self.serving_certs;
         self.handle
     }
 
@@ -390,6 +395,7 @@ impl WorkloadObservation {
         };
         world.etcd_transport = None;
         world.members_first_seen = Default::default();
+        world.serving_certs = Default::default();
     }
 }
 
@@ -609,6 +615,17 @@ async fn read_workload(
             snapshot.members.iter().map(|m| m.id),
             world.now,
         );
+        // Seen in the handshakes the snapshot made: no connection of its own.
+        if let Some(handle) = &handle {
+            world.serving_certs = snapshot
+                .members
+                .iter()
+                .filter_map(|m| {
+                    let not_after = handle.serving_cert_not_after(m)?;
+                    Some((m.id, chrono::DateTime::<chrono::Utc>::from(not_after)))
+                })
+                .collect();
+        }
     }
     world.etcd = etcd;
     Ok(handle)

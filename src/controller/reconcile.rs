@@ -26,6 +26,7 @@ use crate::api::{KThreesControlPlane, Machine};
 use super::act::act;
 use super::apply_lifecycle::apply as apply_lifecycle;
 use super::caches::Source;
+use super::certificate_expiry;
 use super::context::Context;
 use super::create::ensure_template_owner;
 use super::error::{Error, Result};
@@ -332,6 +333,11 @@ async fn act_on_plan(
     // In place, no rollout: template metadata and node*Timeouts (CAPI's syncMachines).
     for updated in sync_machines(ctx, &world).await? {
         world.replace_machine(updated);
+    }
+    // What our handshakes saw of certificate expiry, told to CAPI.
+    certificate_expiry::annotate_configs(ctx, &world, &decision).await?;
+    if let Some(cluster) = &world.cluster_name {
+        certificate_expiry::record_expiries(ctx, kcp, cluster, &decision);
     }
     let Some(plan) = decision.planned() else {
         unreachable!("a proceeding decision has a plan or a refusal")

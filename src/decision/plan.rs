@@ -115,8 +115,11 @@ impl Plan {
 /// (table tests; the controller takes [`super::decide`]'s record).
 pub fn plan(world: &World) -> Result<Plan, Refusal> {
     let desired = crate::rollout::desired(&world.kcp);
-    let outdated = crate::rollout::outdated_machines(&desired, &world.machines, world.now);
-    plan_on(world, mapping(world), &outdated)
+    let mapping = mapping(world);
+    let observed = super::view::observed_expiries(world, mapping.as_ref());
+    let outdated =
+        crate::rollout::outdated_machines(&desired, &world.machines, &observed, world.now);
+    plan_on(world, mapping, &outdated)
 }
 
 /// Decide the next action for `world`, whose membership maps to its Machines

@@ -7,19 +7,24 @@
 //! workload cluster (not while paused, deleting, or writing Secrets), and
 //! [`decide`] takes the world as then observed to the whole record.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 
 use crate::api::RemediationData;
+use crate::api::conditions;
 use crate::api::kcp::KThreesControlPlaneStatus;
 use crate::lifecycle::{Lifecycle, decide as decide_lifecycle_view, plan_secrets};
 use crate::membership::MembershipMap;
+use crate::rollout::certificates::{Expiry, annotation_to_write, expiries};
 use crate::rollout::{Desired, OutdatedMachines, outdated_machines};
 
-use super::contract_conditions::{Replicas, replicas};
+use super::contract_conditions::{Replicas, replicas, v1beta1_mirror};
 use super::events::wait_event;
 use super::plan::{Action, Plan, Refusal, plan_on};
 use super::status::{MachineConditions, kcp_status, machine_conditions};
-use super::view::{lifecycle_view, mapping};
+use super::view::{lifecycle_view, mapping, observed_expiries};
 use super::world::World;
 
 /// What one reconcile pass decided, and everything that follows from it.
@@ -33,6 +38,11 @@ pub struct Decision {
     pub outdated: OutdatedMachines,
     /// Each etcd member paired with its Machine (absent without a membership).
     pub mapping: Option<MembershipMap>,
+    /// Each Machine's certificates expiry, where known, and where it came from.
+    pub certificates: BTreeMap<String, Expiry>,
+    /// Bootstrap configs that get our observed expiry as their
+    /// `machine.cluster.x-k8s.io/certificates-expiry` annotation: (Machine, value).
+    pub certificate_annotations: Vec<(String, String)>,
     /// The Machine counts status reports.
     pub replicas: Replicas,
     /// The plan, or why none could be made; `None` when the lifecycle stopped
@@ -71,17 +81,38 @@ pub fn decide_lifecycle(world: &World) -> Lifecycle {
 /// The whole record for `world` under the `lifecycle` its first stage decided.
 pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
     let desired = crate::rollout::desired(&world.kcp);
-    let outdated = outdated_machines(&desired, &world.machines, world.now);
     let mapping = mapping(world);
+    let observed = observed_expiries(world, mapping.as_ref());
+    let certificates = expiries(&world.machines, &observed);
+    let outdated = outdated_machines(&desired, &world.machines, &observed, world.now);
     let replicas = replicas(world, &outdated);
     let plan = matches!(lifecycle, Lifecycle::Proceed { .. })
         .then(|| plan_on(world, mapping.clone(), &outdated));
-    let status = kcp_status(
+    let mut status = kcp_status(
         world,
         &lifecycle,
         plan.as_ref().map(|p| p.as_ref()),
         &replicas,
     );
+    if !matches!(lifecycle, Lifecycle::Paused { .. }) {
+        let condition = certificates_condition(
+            &certificates,
+            desired.certificates_expiry_days,
+            world.now,
+            world.kcp.metadata.generation,
+        );
+        set_condition(&mut status, condition);
+    }
+    let certificate_annotations = world
+        .machines
+        .iter()
+        .filter(|m| !m.is_deleting())
+        .filter_map(|m| {
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let value = annotation_to_write(m, observed.get(&name).copied())?;
+            Some((name, value))
+        })
+        .collect();
     let machine_conditions = match &plan {
         Some(Ok(plan)) => world
             .machines
@@ -100,11 +131,86 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         desired,
         outdated,
         mapping,
+        certificates,
+        certificate_annotations,
         replicas,
         plan,
         status,
         machine_conditions,
     }
+}
+
+/// The KThreesControlPlane condition that says whether any Machine's
+/// certificates expire within the window: `rolloutBefore.certificatesExpiryDays`,
+/// else [`CERTIFICATES_WARNING_DAYS`].
+pub const CERTIFICATES_EXPIRING: &str = "CertificatesExpiring";
+
+/// The warning window when `rolloutBefore.certificatesExpiryDays` is unset.
+pub const CERTIFICATES_WARNING_DAYS: i32 = 30;
+
+fn certificates_condition(
+    certificates: &BTreeMap<String, Expiry>,
+    rollout_before_days: Option<i32>,
+    now: chrono::DateTime<chrono::Utc>,
+    generation: Option<i64>,
+) -> Condition {
+    let days = rollout_before_days.unwrap_or(CERTIFICATES_WARNING_DAYS);
+    let limit = now + chrono::Duration::days(i64::from(days));
+    let expiring: Vec<String> = certificates
+        .iter()
+        .filter(|(_, e)| e.at <= limit)
+        .map(|(machine, e)| {
+            format!(
+                "{machine} at {}",
+                e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )
+        })
+        .collect();
+    let (status, reason, message) = if expiring.is_empty() {
+        (
+            "False",
+            "NotExpiring",
+            format!(
+                "no known certificate expires within {days} days ({} of them known)",
+                certificates.len()
+            ),
+        )
+    } else {
+        let then = if rollout_before_days.is_some() {
+            "they are rolled out (rolloutBefore.certificatesExpiryDays)"
+        } else {
+            "set spec.rolloutBefore.certificatesExpiryDays to roll them out in time"
+        };
+        (
+            "True",
+            "ExpiringSoon",
+            format!(
+                "certificates expire within {days} days: {}; {then}",
+                expiring.join(", ")
+            ),
+        )
+    };
+    Condition {
+        type_: CERTIFICATES_EXPIRING.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+/// Set `condition` on `status` and on its v1beta1 mirror.
+fn set_condition(status: &mut KThreesControlPlaneStatus, condition: Condition) {
+    for mirrored in v1beta1_mirror(std::slice::from_ref(&condition)) {
+        let deprecated = status
+            .deprecated
+            .get_or_insert_with(Default::default)
+            .v1beta1
+            .get_or_insert_with(Default::default);
+        conditions::set_v1beta1(&mut deprecated.conditions, mirrored);
+    }
+    conditions::set(&mut status.conditions, condition);
 }
 
 impl Decision {
@@ -222,6 +328,7 @@ mod tests {
             },
             etcd_transport: None,
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
             now: chrono::Utc::now(),

@@ -521,6 +521,7 @@ mod tests {
             etcd,
             etcd_transport: None,
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
             now: chrono::Utc::now(),
@@ -546,6 +547,7 @@ mod tests {
             &crate::rollout::outdated_machines(
                 &crate::rollout::desired(&world.kcp),
                 &world.machines,
+                &Default::default(),
                 world.now,
             ),
         );
@@ -623,6 +625,7 @@ mod tests {
                 &crate::rollout::outdated_machines(
                     &crate::rollout::desired(&w.kcp),
                     &w.machines,
+                    &Default::default(),
                     w.now,
                 ),
             ),

@@ -108,6 +108,23 @@ fn remediation_data(
         .transpose()
 }
 
+/// What our handshakes saw of each Machine's etcd serving certificate, by
+/// Machine name: the member `mapping` pairs with it, and that member's
+/// certificate expiry.
+pub fn observed_expiries(
+    world: &World,
+    mapping: Option<&MembershipMap>,
+) -> BTreeMap<String, chrono::DateTime<chrono::Utc>> {
+    let Some(mapping) = mapping else {
+        return BTreeMap::new();
+    };
+    mapping
+        .pairs
+        .iter()
+        .filter_map(|p| Some((p.machine.clone(), *world.serving_certs.get(&p.member.id)?)))
+        .collect()
+}
+
 /// The remediation model of `world`.
 pub fn control_plane_view(
     world: &World,
@@ -395,7 +412,12 @@ mod tests {
     /// The view of `w` under its own KThreesControlPlane's desired state.
     fn view_of(w: &World, mapping: Option<&MembershipMap>) -> Result<ControlPlaneView, ViewError> {
         let desired = crate::rollout::desired(&w.kcp);
-        let outdated = crate::rollout::outdated_machines(&desired, &w.machines, w.now);
+        let outdated = crate::rollout::outdated_machines(
+            &desired,
+            &w.machines,
+            &observed_expiries(w, mapping),
+            w.now,
+        );
         control_plane_view(w, mapping, &outdated)
     }
     use crate::decision::world::WorkloadState;
@@ -421,6 +443,7 @@ mod tests {
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),

@@ -57,6 +57,9 @@ pub struct World {
     pub etcd_transport: Option<String>,
     /// When this controller first saw each etcd member (by id).
     pub members_first_seen: std::collections::BTreeMap<u64, DateTime<Utc>>,
+    /// When each member's etcd serving certificate expires (by id), as our
+    /// handshakes with it verified it; absent before one.
+    pub serving_certs: std::collections::BTreeMap<u64, DateTime<Utc>>,
     /// How long a ghost or orphan member must be seen before it is removed.
     pub orphan_grace: std::time::Duration,
     /// How long a server's Node may show embedded etcd without a member

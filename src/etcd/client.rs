@@ -107,6 +107,11 @@ fn same_identity(a: &Option<Arc<ClientIdentity>>, b: &Option<Arc<ClientIdentity>
 }
 
 impl MemberClients {
+    /// The TLS configuration every member connection uses.
+    pub(crate) fn tls(&self) -> &ClientTls {
+        &self.tls
+    }
+
     pub(crate) fn new(tls: ClientTls, transport: Transport, timeouts: Timeouts) -> Self {
         Self {
             tls,

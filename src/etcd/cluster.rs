@@ -12,7 +12,7 @@ use crate::etcd::client::{MemberClients, Timeouts};
 use crate::etcd::error::EtcdError;
 use crate::etcd::snapshot::{MemberSnapshot, MemberStatus, MembershipSnapshot};
 use crate::etcd::tls::ClientTls;
-use crate::etcd::transport::{EtcdEndpoint, Transport};
+use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
 
 /// A member as listed by `MemberList`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +91,18 @@ impl EtcdCluster {
     /// cluster reuses them, so this stays put across snapshots.
     pub fn connections_opened(&self) -> u64 {
         self.clients.connections_opened()
+    }
+
+    /// When the serving certificate `member` last presented to us expires:
+    /// from the handshakes this handle made, never a new connection. `None`
+    /// before a full handshake with it (or without a client URL).
+    pub fn serving_cert_not_after(
+        &self,
+        member: &crate::etcd::MemberSnapshot,
+    ) -> Option<std::time::SystemTime> {
+        let url = member.client_urls.first()?;
+        let (host, _) = parse_https_url(url).ok()?;
+        self.clients.tls().serving_certs().not_after(&host)
     }
 
     fn seeds(&self) -> Vec<String> {

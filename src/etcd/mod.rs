@@ -9,12 +9,14 @@
 //! - [`cluster`]: the handle ([`EtcdCluster`]) and the snapshot.
 //! - [`snapshot`]: the observed membership and its quorum views.
 //! - [`ops`]: move leader, remove member, safe remove.
+//! - [`serving_certs`]: each member's serving certificate expiry, from our handshakes.
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
 pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod ops;
+pub mod serving_certs;
 pub mod snapshot;
 pub mod tls;
 pub mod transport;

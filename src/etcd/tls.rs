@@ -16,6 +16,8 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::serving_certs::{RecordingVerifier, ServingCerts};
 use rustls::sign::SigningKey as RustlsSigningKey;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -411,6 +413,8 @@ impl ClientCertSource {
 pub struct ClientTls {
     ca: ServerCa,
     client: Option<ClientCertSource>,
+    /// What the members' serving certificates said of their expiry.
+    serving_certs: ServingCerts,
 }
 
 impl ClientTls {
@@ -418,6 +422,7 @@ impl ClientTls {
         Self {
             ca,
             client: Some(client),
+            serving_certs: ServingCerts::default(),
         }
     }
 
@@ -448,7 +453,11 @@ impl ClientTls {
     /// a server that does not require client certificates (and in tests that
     /// check the error when one is required).
     pub fn without_client_certificate(ca: ServerCa) -> Self {
-        Self { ca, client: None }
+        Self {
+            ca,
+            client: None,
+            serving_certs: ServingCerts::default(),
+        }
     }
 
     /// Whether connections present a client certificate.
@@ -458,6 +467,12 @@ impl ClientTls {
 
     pub fn server_ca(&self) -> &ServerCa {
         &self.ca
+    }
+
+    /// The serving certificates' expiry, as the handshakes of this
+    /// configuration (and its clones) verified them.
+    pub fn serving_certs(&self) -> &ServingCerts {
+        &self.serving_certs
     }
 
     /// The current client identity, if any (renewed when minted).
@@ -481,12 +496,26 @@ impl ClientTls {
         // left out, and a server it would have vouched for fails as signed by
         // an unknown authority.
         roots.add_parsable_certificates(parse_certs("etcd CA", self.ca.pem())?);
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports rustls's default protocol versions")
-        .with_root_certificates(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        // rustls's own verification, unchanged; it only notes each verified
+        // certificate's expiry on the way.
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::BadCertificate {
+            field: "etcd CA".into(),
+            reason: e.to_string(),
+        })?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports rustls's default protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(RecordingVerifier::new(
+                webpki,
+                self.serving_certs.clone(),
+            )));
         let mut config = match identity {
             Some(identity) => {
                 let certs = parse_certs(field, identity.cert_pem.as_bytes())?;

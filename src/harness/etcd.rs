@@ -367,6 +367,8 @@ pub struct EtcdTestClusterBuilder {
     unreachable_client_addresses: bool,
     /// `--heartbeat-interval` and `--election-timeout` (ms) of every member.
     raft_timing: (u32, u32),
+    /// How long the members' serving certificates are valid (default a year).
+    serving_cert_lifetime: Option<Duration>,
 }
 
 impl EtcdTestClusterBuilder {
@@ -426,6 +428,13 @@ impl EtcdTestClusterBuilder {
     /// clusters on a few cores can keep etcd's own idle load off them.
     pub fn raft_timing(mut self, heartbeat_ms: u32, election_ms: u32) -> Self {
         self.raft_timing = (heartbeat_ms, election_ms);
+        self
+    }
+
+    /// Serving certificates valid for `lifetime` from now (e.g. minutes, to
+    /// see expiry observed and acted on).
+    pub fn serving_cert_lifetime(mut self, lifetime: Duration) -> Self {
+        self.serving_cert_lifetime = Some(lifetime);
         self
     }
 
@@ -510,6 +519,7 @@ impl EtcdTestCluster {
             quotas: Vec::new(),
             unreachable_client_addresses: false,
             raft_timing: (HEARTBEAT_MS, ELECTION_MS),
+            serving_cert_lifetime: None,
         }
     }
 
@@ -536,7 +546,7 @@ impl EtcdTestCluster {
             .prefix("k3scp-etcd-")
             .tempdir()
             .map_err(io("create temp dir"))?;
-        let pki = match &opts.server_ca {
+        let mut pki = match &opts.server_ca {
             None => TestPki::new(),
             Some((cert, key)) => {
                 TestPki::with_server_ca(TestCa::from_pem(cert, key).map_err(|e| {
@@ -547,6 +557,7 @@ impl EtcdTestCluster {
                 })?)
             }
         };
+        pki.serving_lifetime = opts.serving_cert_lifetime;
         let tls_dir = dir.path().join("pki");
         let ca = write_pair(&tls_dir, "server-ca", &pki.server_ca.pair).map_err(io("write CA"))?;
         let peer_ca =

@@ -85,12 +85,23 @@ impl TestCa {
         })
     }
 
-    /// Sign a leaf certificate.
+    /// Sign a leaf certificate, valid for a year.
     pub fn issue(
         &self,
         common_name: &str,
         sans: &[SanType],
         usages: &[ExtendedKeyUsagePurpose],
+    ) -> CertPair {
+        self.issue_valid_for(common_name, sans, usages, Duration::from_secs(365 * 86_400))
+    }
+
+    /// Sign a leaf certificate valid from an hour ago until `lifetime` from now.
+    pub fn issue_valid_for(
+        &self,
+        common_name: &str,
+        sans: &[SanType],
+        usages: &[ExtendedKeyUsagePurpose],
+        lifetime: Duration,
     ) -> CertPair {
         let key = KeyPair::generate().expect("generate leaf key");
         let mut params = CertificateParams::default();
@@ -101,7 +112,9 @@ impl TestCa {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        validity(&mut params, 365);
+        let now = SystemTime::now();
+        params.not_before = (now - Duration::from_secs(3600)).into();
+        params.not_after = (now + lifetime).into();
         let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
         CertPair {
             cert_pem: cert.pem(),
@@ -132,6 +145,8 @@ pub struct TestPki {
     pub peer_ca: TestCa,
     /// A client certificate (`client.crt`), signed by the server CA.
     pub client: CertPair,
+    /// How long serving certificates are valid (`None`: a year).
+    pub serving_lifetime: Option<Duration>,
 }
 
 impl Default for TestPki {
@@ -159,6 +174,7 @@ impl TestPki {
             server_ca,
             peer_ca,
             client,
+            serving_lifetime: None,
         }
     }
 
@@ -166,13 +182,15 @@ impl TestPki {
     /// client auth). `include_ip = false` makes a certificate that is NOT valid
     /// for the member's address, to test name verification.
     pub fn serving(&self, name: &str, ip: Ipv4Addr, include_ip: bool) -> CertPair {
-        self.server_ca.issue(
+        self.server_ca.issue_valid_for(
             name,
             &member_sans(ip, include_ip),
             &[
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
+            self.serving_lifetime
+                .unwrap_or(Duration::from_secs(365 * 86_400)),
         )
     }
 

@@ -5,6 +5,7 @@
 //! controller maps API objects in and carries the step out with the same
 //! create and safe-removal steps as scaling and remediation.
 
+pub mod certificates;
 pub mod decide;
 pub mod outdated;
 pub mod preflight;
@@ -34,11 +35,21 @@ pub fn desired(kcp: &KThreesControlPlane) -> Desired {
             .rollout_after
             .as_ref()
             .map(crate::api::time::to_chrono),
+        certificates_expiry_days: kcp
+            .spec
+            .rollout_before
+            .as_ref()
+            .and_then(|r| r.certificates_expiry_days),
     }
 }
 
-/// What `machine` was made from; `now` stands in for a missing creation time.
-pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
+/// What `machine` was made from; `now` stands in for a missing creation time,
+/// `observed_expiry` is what our handshake with its etcd member saw.
+pub fn made_from(
+    machine: &Machine,
+    observed_expiry: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> MadeFrom {
     let annotation = |key: &str| {
         machine
             .metadata
@@ -59,6 +70,7 @@ pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
             .as_ref()
             .map(crate::api::time::to_chrono)
             .unwrap_or(now),
+        certificates_expiry: certificates::expiry(machine, observed_expiry).map(|e| e.at),
     }
 }
 
@@ -67,18 +79,21 @@ pub fn made_from(machine: &Machine, now: DateTime<Utc>) -> MadeFrom {
 pub type OutdatedMachines = std::collections::BTreeMap<String, Vec<OutdatedReason>>;
 
 /// [`reasons_for`] of every Machine, by name.
+/// `observed_expiry` holds what our handshakes saw of each Machine's etcd
+/// serving certificate, by Machine name.
 pub fn outdated_machines(
     desired: &Desired,
     machines: &[Machine],
+    observed_expiry: &std::collections::BTreeMap<String, DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> OutdatedMachines {
     machines
         .iter()
         .map(|m| {
-            (
-                m.metadata.name.clone().unwrap_or_default(),
-                reasons_for(desired, m, now),
-            )
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let observed = observed_expiry.get(&name).copied();
+            let reasons = outdated_reasons(desired, &made_from(m, observed, now), now);
+            (name, reasons)
         })
         .collect()
 }
@@ -90,5 +105,5 @@ pub fn reasons_for(
     machine: &Machine,
     now: DateTime<Utc>,
 ) -> Vec<OutdatedReason> {
-    outdated_reasons(desired, &made_from(machine, now), now)
+    outdated_reasons(desired, &made_from(machine, None, now), now)
 }

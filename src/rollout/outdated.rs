@@ -26,6 +26,8 @@ pub struct Desired {
     /// `serverConfig` as [`super::spec_hash::server_config_fingerprint`] compares it.
     pub server_config: serde_json::Value,
     pub rollout_after: Option<DateTime<Utc>>,
+    /// `spec.rolloutBefore.certificatesExpiryDays`.
+    pub certificates_expiry_days: Option<i32>,
 }
 
 /// What a Machine was made from.
@@ -38,6 +40,8 @@ pub struct MadeFrom {
     /// absent or not JSON (then nothing is known of it).
     pub upstream_server_config: Option<serde_json::Value>,
     pub created: DateTime<Utc>,
+    /// When its certificates expire, if known (see [`super::certificates`]).
+    pub certificates_expiry: Option<DateTime<Utc>>,
 }
 
 /// One reason a Machine needs a rollout.
@@ -57,6 +61,11 @@ pub enum OutdatedReason {
     },
     /// A migrated Machine's recorded `serverConfig` differs from the current one.
     ServerConfig,
+    /// Its certificates expire within `spec.rolloutBefore.certificatesExpiryDays`.
+    CertificatesExpiring {
+        at: DateTime<Utc>,
+        days: i32,
+    },
 }
 
 impl OutdatedReason {
@@ -67,6 +76,7 @@ impl OutdatedReason {
             OutdatedReason::RolloutAfter { .. } => "rolloutAfter",
             OutdatedReason::Spec { .. } => "spec",
             OutdatedReason::ServerConfig => "serverConfig",
+            OutdatedReason::CertificatesExpiring { .. } => "certificatesExpiring",
         }
     }
 }
@@ -92,6 +102,11 @@ impl fmt::Display for OutdatedReason {
                 f,
                 "kthreesConfigSpec.serverConfig differs from the one cluster-api-k3s recorded \
                  on the Machine (annotation controlplane.cluster.x-k8s.io/kthrees-server-configuration)"
+            ),
+            OutdatedReason::CertificatesExpiring { at, days } => write!(
+                f,
+                "certificates expire at {}, within rolloutBefore.certificatesExpiryDays ({days} days)",
+                at.to_rfc3339_opts(SecondsFormat::Secs, true)
             ),
         }
     }
@@ -126,6 +141,14 @@ pub fn outdated_reasons(
         }
         _ => {}
     }
+    // An unknown expiry never rolls anything.
+    if let (Some(days), Some(at)) = (
+        desired.certificates_expiry_days,
+        machine.certificates_expiry,
+    ) && at <= now + chrono::Duration::days(i64::from(days))
+    {
+        reasons.push(OutdatedReason::CertificatesExpiring { at, days });
+    }
     reasons
 }
 
@@ -153,6 +176,7 @@ mod tests {
             spec_hash: "aaaa".into(),
             server_config: serde_json::json!({"disableComponents": ["traefik"]}),
             rollout_after: None,
+            certificates_expiry_days: None,
         }
     }
 
@@ -162,6 +186,7 @@ mod tests {
             spec_hash: hash.map(str::to_string),
             upstream_server_config: None,
             created: t(created),
+            certificates_expiry: None,
         }
     }
 
@@ -273,6 +298,52 @@ mod tests {
                 "rollout_after_in_the_future",
                 with_after(12),
                 made("v1.31.0+k3s1", Some("aaaa"), 1),
+                10,
+                vec![],
+            ),
+            (
+                "certificates_expire_within_the_days_asked",
+                Desired {
+                    certificates_expiry_days: Some(7),
+                    ..desired()
+                },
+                MadeFrom {
+                    certificates_expiry: Some(t(10) + chrono::Duration::days(6)),
+                    ..made("v1.31.0+k3s1", Some("aaaa"), 1)
+                },
+                10,
+                vec!["certificatesExpiring"],
+            ),
+            (
+                "certificates_expire_after_the_days_asked",
+                Desired {
+                    certificates_expiry_days: Some(7),
+                    ..desired()
+                },
+                MadeFrom {
+                    certificates_expiry: Some(t(10) + chrono::Duration::days(8)),
+                    ..made("v1.31.0+k3s1", Some("aaaa"), 1)
+                },
+                10,
+                vec![],
+            ),
+            (
+                "an_unknown_expiry_never_rolls",
+                Desired {
+                    certificates_expiry_days: Some(365),
+                    ..desired()
+                },
+                made("v1.31.0+k3s1", Some("aaaa"), 1),
+                10,
+                vec![],
+            ),
+            (
+                "expiring_certificates_without_the_field_do_not_roll",
+                desired(),
+                MadeFrom {
+                    certificates_expiry: Some(t(10) + chrono::Duration::days(1)),
+                    ..made("v1.31.0+k3s1", Some("aaaa"), 1)
+                },
                 10,
                 vec![],
             ),

@@ -145,6 +145,9 @@ pub fn render_text(report: &Report) -> String {
                 yes_no(m.owner_remediated).to_string(),
                 m.version.clone().unwrap_or_else(|| "(none)".into()),
                 if m.up_to_date { "yes" } else { "no" }.to_string(),
+                m.certificates_expiry
+                    .map(|e| e.at.format("%Y-%m-%d").to_string())
+                    .unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -159,6 +162,7 @@ pub fn render_text(report: &Report) -> String {
             "OWNERREMEDIATED",
             "VERSION",
             "UPTODATE",
+            "CERTEXPIRY",
         ],
         &rows,
     ));

@@ -107,6 +107,8 @@ pub struct MachineRow {
     pub outdated: Vec<crate::rollout::OutdatedReason>,
     /// `Type=Status (Reason)` of the MHC conditions, for people.
     pub conditions: Vec<String>,
+    /// When its certificates expire, and where that came from; absent when unknown.
+    pub certificates_expiry: Option<crate::rollout::certificates::Expiry>,
 }
 
 /// Where a rollout stands: the outdated Machines (not deleting) and how they
@@ -333,6 +335,7 @@ impl Report {
                     up_to_date: outdated.is_empty(),
                     outdated,
                     conditions,
+                    certificates_expiry: decision.certificates.get(&name).copied(),
                     name,
                 }
             })
@@ -668,6 +671,7 @@ mod report_tests {
                 alarms_error: None,
             }),
             members_first_seen: Default::default(),
+            serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),

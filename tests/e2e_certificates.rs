@@ -1,0 +1,165 @@
+//! End to end: certificate expiry. Real etcd members whose serving
+//! certificates (signed by the cluster's etcd CA) live 10 minutes; the
+//! controller sees their expiry in the handshakes it makes anyway, tells CAPI
+//! (the KThreesConfig annotation), says so (condition, metric), and rolls the
+//! Machines out only when `rolloutBefore.certificatesExpiryDays` asks; a value
+//! set by hand on a Machine wins over what was seen.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::*;
+use k3s_control_plane::api::KThreesConfig;
+use k3s_control_plane::api::names::CERTIFICATES_EXPIRY_ANNOTATION;
+use k3s_control_plane::harness::EtcdTestCluster;
+use k3s_control_plane::harness::sandbox::{NAMESPACE, Sandbox};
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const EXPIRING: &str = "CertificatesExpiring";
+
+fn condition<'a>(
+    kcp: &'a k3s_control_plane::api::KThreesControlPlane,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    kcp.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_asked() {
+    init_logs();
+    let sandbox = Sandbox::start_with(
+        EtcdTestCluster::builder()
+            .members(3)
+            .serving_cert_lifetime(Duration::from_secs(600)),
+        3,
+    )
+    .await
+    .unwrap();
+    let [hand_set, with_config, plain] = [0, 1, 2].map(|i| sandbox.machines[i].clone());
+    // Someone set machine 0's expiry by hand: it wins over what etcd shows.
+    annotate_machine(
+        &sandbox,
+        &hand_set,
+        json!({CERTIFICATES_EXPIRY_ANNOTATION: "2099-01-01T00:00:00Z"}),
+    )
+    .await;
+    // Machine 1's bootstrap config exists: it gets the annotation CAPI reads.
+    let configs: Api<KThreesConfig> = Api::namespaced(sandbox.client(), NAMESPACE);
+    let config: KThreesConfig = serde_json::from_value(json!({
+        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KThreesConfig",
+        "metadata": {"name": with_config, "namespace": NAMESPACE},
+        "spec": {},
+    }))
+    .unwrap();
+    configs
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+
+    let controller = sandbox.start_controller();
+
+    // Reported: the two Machines whose member's certificate expires soon.
+    let expiring = sandbox
+        .wait_for("CertificatesExpiring=True", LIMIT, || async {
+            let kcp = kcp(&sandbox).await;
+            match condition(&kcp, EXPIRING) {
+                Some(c) if c.status == "True" => Ok(c.message.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        expiring.contains(&with_config) && expiring.contains(&plain),
+        "{expiring}"
+    );
+    assert!(
+        !expiring.contains(&hand_set),
+        "the hand-set value is far: {expiring}"
+    );
+    assert!(
+        expiring.contains("set spec.rolloutBefore.certificatesExpiryDays"),
+        "{expiring}"
+    );
+    // Told to CAPI on the config, as KubeadmControlPlane does.
+    let written = sandbox
+        .wait_for("the KThreesConfig annotation", LIMIT, || async {
+            let config = configs.get(&with_config).await.map_err(|e| e.to_string())?;
+            config
+                .annotations()
+                .get(CERTIFICATES_EXPIRY_ANNOTATION)
+                .cloned()
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await
+        .unwrap();
+    let written = chrono::DateTime::parse_from_rfc3339(&written).expect("RFC 3339");
+    let left = written.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(
+        left <= chrono::Duration::minutes(10) && left > chrono::Duration::minutes(5),
+        "{written} is the member's NotAfter ({left} left)"
+    );
+
+    // Without rolloutBefore, nothing is rolled: the Machines stay, up to date
+    // as far as their spec goes.
+    wait_reconciles(&sandbox, &controller.ctx, 3).await;
+    assert_eq!(machine_names(&sandbox).await.len(), 3, "nothing rolled out");
+
+    // Asked to roll a week before expiry: the two Machines are outdated for
+    // their certificates and a replacement is made; the hand-set one is not.
+    patch_kcp_spec(
+        &sandbox,
+        json!({"rolloutBefore": {"certificatesExpiryDays": 7}}),
+    )
+    .await;
+    let outdated = sandbox
+        .wait_for(
+            "UpToDate=False (certificatesExpiring) on two Machines",
+            LIMIT,
+            || async {
+                let all = machines(&sandbox).await;
+                let mut outdated = Vec::new();
+                for m in &all {
+                    if let Some(c) = m
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "UpToDate"))
+                        && c.status == "False"
+                        && c.message.contains("certificates expire at")
+                    {
+                        outdated.push(m.name_any());
+                    }
+                }
+                outdated.sort();
+                if outdated.len() == 2 {
+                    Ok(outdated)
+                } else {
+                    Err(format!("{outdated:?}"))
+                }
+            },
+        )
+        .await
+        .unwrap();
+    let mut want = vec![with_config.clone(), plain.clone()];
+    want.sort();
+    assert_eq!(outdated, want);
+    sandbox
+        .wait_for("a replacement Machine", LIMIT, || async {
+            let names = machine_names(&sandbox).await;
+            names
+                .iter()
+                .find(|n| !sandbox.machines.contains(n))
+                .cloned()
+                .ok_or_else(|| format!("{names:?}"))
+        })
+        .await
+        .unwrap();
+    controller.stop().await;
+}
