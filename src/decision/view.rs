@@ -579,6 +579,19 @@ mod tests {
                 Some(true),
             ),
             (
+                "a_stale_voter_condition_alone_is_no_etcd_mark",
+                |n| {
+                    n.etcd_voter = Some(EtcdVoterCondition {
+                        voter: false,
+                        reason: "NotAMember".into(),
+                        message: String::new(),
+                        since: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
+                    });
+                },
+                false,
+                None,
+            ),
+            (
                 "not_a_member_within_the_grace_period",
                 |n| {
                     n.etcd_role = true;

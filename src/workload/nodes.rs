@@ -138,12 +138,13 @@ impl ControlPlaneNode {
 
     /// k3s marked this Node as running embedded etcd: its etcd role label or
     /// its etcd member annotations. Only `--disable-etcd` servers (and
-    /// external-datastore servers) have none of them.
+    /// external-datastore servers) have none of them. The `EtcdIsVoter`
+    /// condition alone is no mark: k3s drops the label and annotations of a
+    /// server switched to `--disable-etcd`, but its removal of the condition
+    /// does not reach the status (k3s-io/k3s pkg/etcd/metadata_controller.go,
+    /// handleSelf), so it may stay behind, stale.
     pub fn shows_embedded_etcd(&self) -> bool {
-        self.etcd_role
-            || self.etcd_member_name.is_some()
-            || self.etcd_node_address.is_some()
-            || self.etcd_voter.is_some()
+        self.etcd_role || self.etcd_member_name.is_some() || self.etcd_node_address.is_some()
     }
 
     /// What marked it as an etcd node, for messages.
