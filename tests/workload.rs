@@ -190,10 +190,10 @@ async fn bad_kubeconfig_secrets_give_typed_errors_naming_secret_and_key() {
 }
 
 #[test]
-fn missing_etcd_secret_means_etcd_not_managed() {
+fn missing_etcd_secret_means_no_etcd_access() {
     assert_eq!(
         etcd_access_from_secret(None).unwrap(),
-        EtcdAccess::NotManaged
+        EtcdAccess::NoSecret
     );
 }
 
@@ -308,7 +308,7 @@ async fn cache_reuses_access_until_a_secret_changes() {
         etcd: None,
     };
     let first = cache.get(&key(), &secrets).await.unwrap();
-    assert_eq!(first.etcd, EtcdAccess::NotManaged);
+    assert_eq!(first.etcd, EtcdAccess::NoSecret);
     let again = cache.get(&key(), &secrets).await.unwrap();
     assert!(
         Arc::ptr_eq(&first, &again),

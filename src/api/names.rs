@@ -89,9 +89,10 @@ pub const KCP_FINALIZER: &str = "kthrees.controlplane.cluster.x-k8s.io";
 /// (`kthreesConfigSpec` and the infrastructure template), so "was this Machine
 /// made from the current spec?" survives restarts; see [`crate::rollout`].
 pub const SPEC_HASH_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/kthrees-spec-hash";
-/// On a control-plane Machine made by cluster-api-k3s (and by us, for tools
-/// that read it): the JSON of `kthreesConfigSpec.serverConfig` it was made
-/// from. The only record of what a migrated Machine was made from.
+/// On a control-plane Machine made by cluster-api-k3s: the JSON of
+/// `kthreesConfigSpec.serverConfig` it was made from. We read it (the only
+/// record of what a migrated Machine was made from) and do not write it: our
+/// Machines carry the spec hash instead.
 pub const SERVER_CONFIGURATION_ANNOTATION: &str =
     "controlplane.cluster.x-k8s.io/kthrees-server-configuration";
 

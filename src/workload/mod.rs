@@ -1,6 +1,6 @@
 //! Access to a workload cluster from the management cluster: a `kube::Client`
 //! built from the `<cluster>-kubeconfig` Secret, the etcd CA from the
-//! `<cluster>-etcd` Secret (absent = etcd not managed), the control-plane Nodes
+//! `<cluster>-etcd` Secret (absent = no etcd access: the membership is unknown), the control-plane Nodes
 //! with their k3s etcd annotations, and how each etcd member is reached.
 //!
 //! A kubeconfig is used only after its trust policy ([`trust`]): no credential

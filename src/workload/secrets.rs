@@ -126,8 +126,9 @@ impl fmt::Debug for EtcdCa {
 /// Whether the management cluster manages the workload cluster's etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EtcdAccess {
-    /// No `<cluster>-etcd` Secret: no etcd operations, and status says so.
-    NotManaged,
+    /// No `<cluster>-etcd` Secret: the membership cannot be read, so nothing
+    /// may be removed (the controller reports etcd as unknown, not unmanaged).
+    NoSecret,
     /// The CA that signs k3s's etcd certificates.
     Managed(EtcdCa),
 }
@@ -147,10 +148,10 @@ pub fn ca_pem_texts(secret: &Secret) -> Result<(&str, &str), Error> {
     Ok((cert_pem, key_pem))
 }
 
-/// Interpret the `<cluster>-etcd` Secret; `None` (not found) means not managed.
+/// Interpret the `<cluster>-etcd` Secret; `None` (not found) means no access.
 pub fn etcd_access_from_secret(secret: Option<&Secret>) -> Result<EtcdAccess, Error> {
     let Some(secret) = secret else {
-        return Ok(EtcdAccess::NotManaged);
+        return Ok(EtcdAccess::NoSecret);
     };
     let name = secret_ref(secret);
     let (cert_pem, key_pem) = ca_pem_texts(secret)?;
