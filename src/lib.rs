@@ -36,6 +36,7 @@ pub mod pki;
 pub mod quorum;
 pub mod remediation;
 pub mod rollout;
+pub mod webhook;
 pub mod workload;
 
 /// Install ring as the process-wide rustls provider. Every TLS user in this

@@ -118,6 +118,23 @@ fn with_defaults_substituted_every_object_is_a_valid_kubernetes_object() {
             "Role" => serde_json::from_value::<rbac::Role>(doc).map(|_| ()),
             "RoleBinding" => serde_json::from_value::<rbac::RoleBinding>(doc).map(|_| ()),
             "Deployment" => serde_json::from_value::<apps::Deployment>(doc).map(|_| ()),
+            "Service" => serde_json::from_value::<core::Service>(doc).map(|_| ()),
+            // cert-manager's kinds: no Rust types here; the fields they need.
+            "Issuer" => {
+                assert!(doc["spec"]["selfSigned"].is_object(), "{doc}");
+                Ok(())
+            }
+            "Certificate" => {
+                assert!(doc["spec"]["secretName"].is_string(), "{doc}");
+                assert!(
+                    doc["spec"]["dnsNames"][0]
+                        .as_str()
+                        .unwrap()
+                        .ends_with(".svc"),
+                    "{doc}"
+                );
+                Ok(())
+            }
             other => panic!("unexpected kind {other}"),
         };
         parsed.unwrap_or_else(|e| panic!("{kind}: {e}"));
@@ -362,4 +379,85 @@ fn namespace_scoped_components_grant_nothing_cluster_wide() {
         assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
     }
     assert_eq!(run_args(&docs).namespace.as_deref(), Some("tenant-a"));
+}
+
+/// The conversion webhook is wired end to end in the components: the CRD
+/// names the Service and takes its CA from the Certificate, the Service
+/// selects the controller's Pods on its webhook port, and the Deployment
+/// mounts the Certificate's Secret where the controller reads it.
+#[test]
+fn the_conversion_webhook_is_wired_from_crd_to_pod() {
+    let docs = with_defaults(&Options::default());
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && (kind != "CustomResourceDefinition"
+                        || d["spec"]["names"]["kind"] == "KThreesControlPlane")
+            })
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    let crd = find("CustomResourceDefinition");
+    let service = find("Service");
+    let certificate = find("Certificate");
+    let deployment = find("Deployment");
+    let ns = service["metadata"]["namespace"].as_str().unwrap();
+    let client = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
+    assert_eq!(crd["spec"]["conversion"]["strategy"], "Webhook");
+    assert_eq!(client["name"], service["metadata"]["name"]);
+    assert_eq!(client["namespace"], ns);
+    assert_eq!(client["path"], "/convert");
+    assert_eq!(
+        crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{ns}/{}", certificate["metadata"]["name"].as_str().unwrap())
+    );
+    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["served"].as_bool().unwrap(),
+                v["storage"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        vec![("v1beta2", true, true), ("v1beta1", true, false)]
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == service["spec"]["ports"][0]["targetPort"]
+                && p["containerPort"] == 9443),
+        "{container}"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == certificate["spec"]["secretName"])
+        .expect("the Certificate's Secret is mounted");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("mounted");
+    assert_eq!(
+        mount["mountPath"],
+        k3s_control_plane::webhook::DEFAULT_CERT_DIR
+    );
+    for (key, value) in service["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(
+            &deployment["spec"]["template"]["metadata"]["labels"][key], value,
+            "the Service selects the controller"
+        );
+    }
 }

@@ -13,7 +13,7 @@ const FLOORS: &[&[&str]] = &[
     &["pki", "etcd", "membership", "lifecycle"],
     &["workload", "remediation", "rollout"],
     &["decision"],
-    &["controller", "components"],
+    &["controller", "components", "webhook"],
     &["cli"],
 ];
 
@@ -26,6 +26,7 @@ const SAME_FLOOR: &[(&str, &str)] = &[
     ("remediation", "rollout"),
     ("rollout", "remediation"),
     ("workload", "etcd"),
+    ("components", "webhook"),
 ];
 
 /// Behind the `sandbox` feature: the test API server and the simulated world,

@@ -191,10 +191,7 @@ async fn bad_kubeconfig_secrets_give_typed_errors_naming_secret_and_key() {
 
 #[test]
 fn missing_etcd_secret_means_no_etcd_access() {
-    assert_eq!(
-        etcd_access_from_secret(None).unwrap(),
-        EtcdAccess::NoSecret
-    );
+    assert_eq!(etcd_access_from_secret(None).unwrap(), EtcdAccess::NoSecret);
 }
 
 #[test]

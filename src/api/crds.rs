@@ -19,15 +19,80 @@ use super::{
 /// The command that regenerates `crds/`.
 pub const REGENERATE_COMMAND: &str = "cargo run -- crds --out crds/";
 
-/// Our CRDs, labelled for both CAPI contracts.
+/// Where the conversion webhook's Service and Certificate live when the CRDs
+/// are installed on their own (`crds/`); the clusterctl components use their
+/// namespace variable instead.
+pub const DEFAULT_WEBHOOK_NAMESPACE: &str = "k3s-control-plane-system";
+/// The conversion webhook's Service (port 443 -> the controller's 9443).
+pub const WEBHOOK_SERVICE: &str = "k3s-control-plane-webhook-service";
+/// The cert-manager Certificate whose CA is injected into the CRD.
+pub const WEBHOOK_CERTIFICATE: &str = "k3s-control-plane-serving-cert";
+
+/// Our CRDs, labelled for both CAPI contracts, with the webhook in its
+/// default namespace.
 pub fn ours() -> Vec<CustomResourceDefinition> {
+    ours_in(DEFAULT_WEBHOOK_NAMESPACE)
+}
+
+/// Our CRDs, the conversion webhook's Service and Certificate in `namespace`.
+pub fn ours_in(namespace: &str) -> Vec<CustomResourceDefinition> {
     [
-        KThreesControlPlane::crd(),
+        with_v1beta1(KThreesControlPlane::crd(), namespace),
         KThreesControlPlaneTemplate::crd(),
     ]
     .into_iter()
     .map(with_contract_labels)
     .collect()
+}
+
+/// Serve cluster-api-k3s's `v1beta1` beside our stored `v1beta2`, converted
+/// by our webhook; cert-manager injects the CA the API server trusts it with.
+fn with_v1beta1(mut crd: CustomResourceDefinition, namespace: &str) -> CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceConversion, CustomResourceDefinitionVersion, CustomResourceValidation,
+        JSONSchemaProps, ServiceReference, WebhookClientConfig, WebhookConversion,
+    };
+    let stored = crd.spec.versions[0].clone();
+    let schema: JSONSchemaProps = serde_json::from_value(super::v1beta1::schema())
+        .expect("the v1beta1 schema is a JSONSchemaProps");
+    crd.spec.versions.push(CustomResourceDefinitionVersion {
+        name: "v1beta1".into(),
+        served: true,
+        storage: false,
+        deprecated: Some(true),
+        deprecation_warning: Some(
+            "controlplane.cluster.x-k8s.io/v1beta1 KThreesControlPlane is converted to v1beta2; use v1beta2".into(),
+        ),
+        schema: Some(CustomResourceValidation {
+            open_api_v3_schema: Some(schema),
+        }),
+        subresources: stored.subresources.clone(),
+        additional_printer_columns: stored.additional_printer_columns.clone(),
+        selectable_fields: None,
+    });
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            conversion_review_versions: vec!["v1".into()],
+            client_config: Some(WebhookClientConfig {
+                service: Some(ServiceReference {
+                    namespace: namespace.into(),
+                    name: WEBHOOK_SERVICE.into(),
+                    path: Some("/convert".into()),
+                    port: Some(443),
+                }),
+                ..Default::default()
+            }),
+        }),
+    });
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            "cert-manager.io/inject-ca-from".into(),
+            format!("{namespace}/{WEBHOOK_CERTIFICATE}"),
+        );
+    crd
 }
 
 /// CRDs of the CAPI and bootstrap kinds we read or create (tests only).

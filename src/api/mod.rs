@@ -14,6 +14,7 @@ pub mod refs;
 pub mod remediation_data;
 pub mod template;
 pub mod time;
+pub mod v1beta1;
 pub mod validate;
 
 pub use bootstrap::{KThreesConfig, KThreesConfigSpec, KThreesConfigTemplate};

@@ -24,6 +24,15 @@ pub struct RunArgs {
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub probe_address: SocketAddr,
+    /// Port of the conversion webhook (HTTPS, `POST /convert`) that serves
+    /// cluster-api-k3s's v1beta1 KThreesControlPlane; `0` turns it off.
+    #[arg(long, default_value_t = crate::webhook::DEFAULT_PORT)]
+    pub webhook_port: u16,
+    /// Directory with the webhook's `tls.crt` and `tls.key` (the Secret
+    /// cert-manager issues, mounted); reloaded when renewed. Without them the
+    /// webhook stays off (v1beta2 needs no conversion) and a warning says so.
+    #[arg(long, default_value = crate::webhook::DEFAULT_CERT_DIR)]
+    pub webhook_cert_dir: PathBuf,
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -237,6 +246,26 @@ pub async fn run(args: RunArgs) -> ExitCode {
         }
     });
     let shutdown = CancellationToken::new();
+    if args.webhook_port != 0 {
+        let addr = SocketAddr::from(([0, 0, 0, 0], args.webhook_port));
+        if !args.webhook_cert_dir.join("tls.crt").exists() {
+            tracing::warn!(
+                dir = %args.webhook_cert_dir.display(),
+                "conversion webhook off: no tls.crt in the certificate directory; v1beta1 KThreesControlPlane requests will fail (v1beta2 needs no conversion)"
+            );
+        } else {
+            match crate::webhook::Webhook::bind(addr, &args.webhook_cert_dir).await {
+                Ok(webhook) => {
+                    tracing::info!(%addr, "serving the conversion webhook (POST /convert)");
+                    tokio::spawn(webhook.serve(shutdown.clone()));
+                }
+                Err(e) => {
+                    eprintln!("error: conversion webhook: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
     let on_signal = shutdown.clone();
     tokio::spawn(async move {
         terminated().await;

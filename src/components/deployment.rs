@@ -7,19 +7,17 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    WeightedPodAffinityTerm,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{NAME, Options, meta, variables};
+use super::{APP_LABEL, NAME, Options, meta, variables};
 
 /// Replicas: one leads, the other is Ready and takes the Lease when it goes.
 pub const REPLICAS: i32 = 2;
-/// The Pods' label (selector of the Deployment and of the anti-affinity).
-pub const APP_LABEL: (&str, &str) = ("app.kubernetes.io/name", NAME);
 
 /// Memory request: the process measured 19.7 MiB idle and 70 MiB holding
 /// 100 control planes with managed etcd (benches/scale.rs, docs/bench.md);
@@ -90,10 +88,25 @@ pub fn deployment(options: &Options, namespace: &str) -> Deployment {
                 ..Default::default()
             },
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("probes".into()),
-            container_port: 8080,
-            protocol: Some("TCP".into()),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("probes".into()),
+                container_port: 8080,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("webhook-server".into()),
+                container_port: i32::from(crate::webhook::DEFAULT_PORT),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        // The conversion webhook's certificate, as cert-manager keeps it.
+        volume_mounts: Some(vec![VolumeMount {
+            name: "webhook-cert".into(),
+            mount_path: crate::webhook::DEFAULT_CERT_DIR.into(),
+            read_only: Some(true),
             ..Default::default()
         }]),
         liveness_probe: Some(probe("/healthz")),
@@ -144,6 +157,14 @@ pub fn deployment(options: &Options, namespace: &str) -> Deployment {
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(NAME.into()),
+                    volumes: Some(vec![Volume {
+                        name: "webhook-cert".into(),
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(super::webhook::SECRET.into()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
                     // SIGTERM: the controller stops, then releases the Lease.
                     termination_grace_period_seconds: Some(30),
                     affinity: Some(Affinity {

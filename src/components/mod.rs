@@ -10,6 +10,7 @@ pub mod deployment;
 pub mod metadata;
 pub mod rbac;
 pub mod variables;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,8 @@ pub const AGGREGATE_TO_MANAGER_LABEL: &str = "cluster.x-k8s.io/aggregate-to-mana
 
 /// Name of the ServiceAccount, the Deployment and the roles' prefix.
 pub const NAME: &str = "k3s-control-plane";
+/// The Pods' label (selector of the Deployment and of the anti-affinity).
+pub const APP_LABEL: (&str, &str) = ("app.kubernetes.io/name", NAME);
 pub const MANAGER_ROLE: &str = "k3s-control-plane-manager";
 pub const SECRETS_ROLE: &str = "k3s-control-plane-secrets";
 pub const LEADER_ELECTION_ROLE: &str = "k3s-control-plane-leader-election";
@@ -60,7 +63,12 @@ pub fn objects(options: &Options) -> Vec<Value> {
         metadata: meta(&namespace, None),
         ..Default::default()
     })];
-    objects.extend(crate::api::crds::ours().into_iter().map(to_value));
+    objects.extend(
+        crate::api::crds::ours_in(&namespace)
+            .into_iter()
+            .map(to_value),
+    );
+    objects.extend(webhook::objects(&namespace));
     objects.push(to_value(ServiceAccount {
         metadata: meta(NAME, Some(&namespace)),
         ..Default::default()
