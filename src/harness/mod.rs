@@ -7,6 +7,7 @@ pub mod bringup;
 pub mod capi_sim;
 pub mod etcd;
 pub mod infra_sim;
+pub mod k3s_agent;
 pub mod pki;
 pub mod rollout;
 pub mod sandbox;

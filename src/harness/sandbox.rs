@@ -421,6 +421,20 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Start the simulated k3s on this sandbox's workload cluster and etcd
+    /// ([`super::k3s_agent`]).
+    pub fn start_k3s_agent(
+        &self,
+        settings: super::k3s_agent::K3sAgentSettings,
+    ) -> super::k3s_agent::K3sAgent {
+        super::k3s_agent::K3sAgent::start(
+            Api::all(self.workload.client()),
+            self.etcd.connect(),
+            self.etcd.transport(),
+            settings,
+        )
+    }
+
     /// A control-plane Node in the workload cluster, as k3s registers it.
     /// `member`: the etcd member it runs (None: `--disable-etcd`).
     pub async fn add_node(

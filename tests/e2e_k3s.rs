@@ -1,0 +1,174 @@
+//! End to end against the simulated k3s (src/harness/k3s_agent.rs), which
+//! does what k3s's source does to Nodes and members: its member controller's
+//! Node finalizer and member removal on Node deletion, and the leader's
+//! learner tick. Raft timing is the harness's fast one (100/1500 ms): these
+//! tests are about who removes which member and when, not about elections.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::*;
+use k3s_control_plane::api::names::K3S_ETCD_NODE_FINALIZER;
+use k3s_control_plane::harness::k3s_agent::{K3sAction, K3sAgentSettings};
+use k3s_control_plane::harness::sandbox::Sandbox;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
+
+async fn wait_finalizers(sandbox: &Sandbox) {
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    sandbox
+        .wait_for("k3s's finalizer on every Node", LIMIT, || async {
+            let list = nodes.list(&Default::default()).await.map_err(|e| e.to_string())?;
+            match list.items.iter().find(|n| !n.finalizers().iter().any(|f| f == K3S_ETCD_NODE_FINALIZER)) {
+                Some(n) => Err(format!("{} has none", n.name_any())),
+                None => Ok(()),
+            }
+        })
+        .await
+        .unwrap();
+}
+
+/// A Node deleted while the controller removes its Machine: k3s removes the
+/// member itself (no quorum check of its own); the controller observes that
+/// instead of fighting it, and the removal ends with the Machine gone and a
+/// replacement, without a failed step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_deleted_in_the_middle_of_a_removal_is_observed_not_fought() {
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        // Learner timing plays no part here.
+        tick: Duration::from_secs(1),
+        ..K3sAgentSettings::default()
+    });
+    wait_finalizers(&sandbox).await;
+    let admin = sandbox.etcd.connect();
+    let leader = admin.snapshot().await.unwrap().leader.unwrap();
+    let index = (0..3).find(|i| sandbox.etcd.member(*i).id != leader).unwrap();
+    let target = sandbox.machines[index].clone();
+    let node = sandbox.etcd.member(index).node_name.clone();
+    let member = sandbox.etcd.member(index).name.clone();
+
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    // The removal has begun (our hook is on the Machine): the Node goes.
+    sandbox
+        .wait_for("our pre-terminate hook on the target", LIMIT, || async {
+            let m = sandbox.machines_api().get(&target).await.map_err(|e| e.to_string())?;
+            m.annotations()
+                .keys()
+                .any(|k| k.starts_with("pre-terminate.delete.hook.machine.cluster.x-k8s.io/"))
+                .then_some(())
+                .ok_or_else(|| "no hook yet".to_string())
+        })
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    nodes.delete(&node, &DeleteParams::default()).await.unwrap();
+
+    // k3s removed the member, once.
+    sandbox
+        .wait_for("k3s to remove the member", LIMIT, || async {
+            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+            snap.member_by_name(&member)
+                .map_or(Ok(()), |_| Err(format!("{member} still a member")))
+        })
+        .await
+        .unwrap();
+    // The controller finishes the removal: Machine gone, replacement made.
+    sandbox
+        .wait_for("the Machine replaced", LIMIT, || async {
+            let names = machine_names(&sandbox).await;
+            if names.contains(&target) {
+                return Err(format!("{target} still there: {names:?}"));
+            }
+            names
+                .iter()
+                .find(|n| !sandbox.machines.contains(n))
+                .cloned()
+                .ok_or_else(|| format!("no replacement: {names:?}"))
+        })
+        .await
+        .unwrap();
+    let removed: Vec<_> = k3s
+        .actions()
+        .into_iter()
+        .filter(|a| matches!(a, K3sAction::RemovedMember { .. }))
+        .collect();
+    assert_eq!(
+        removed,
+        vec![K3sAction::RemovedMember { node: node.clone(), member: member.clone() }],
+        "k3s removed exactly that member"
+    );
+    assert_eq!(admin.snapshot().await.unwrap().members.len(), 2);
+    let failed = event_notes(&sandbox, "StepFailed").await;
+    assert!(failed.is_empty(), "no step failed fighting k3s: {failed:?}");
+    controller.stop().await;
+    k3s.stop().await;
+}
+
+/// A learner (a server still joining, its Node already registered, as k3s
+/// registers it before promotion) blocks every removal; once the leader's
+/// tick promotes it, the remediation proceeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_blocks_a_removal_until_k3s_promotes_it() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let index = sandbox.etcd.add_learner().await.unwrap();
+    let (node, ip, learner) = {
+        let m = sandbox.etcd.member(index);
+        (m.node_name.clone(), m.ip.to_string(), m.name.clone())
+    };
+    sandbox.add_node(&node, &ip, Some(&learner)).await.unwrap();
+    let target = sandbox.machines[0].clone();
+    let target_member = sandbox.etcd.member(0).name.clone();
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+
+    // Before k3s promotes: the remediation waits, saying why.
+    let admin = sandbox.etcd.connect();
+    let waiting = sandbox
+        .wait_for("the remediation to wait for the learner", LIMIT, || async {
+            let kcp = kcp(&sandbox).await;
+            let message = kcp
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Remediating"))
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            message.contains("learner").then_some(message.clone()).ok_or(message)
+        })
+        .await
+        .unwrap();
+    assert!(waiting.contains(&learner), "{waiting}");
+    let snap = admin.snapshot().await.unwrap();
+    assert!(snap.member_by_name(&target_member).is_some(), "nothing removed while a learner exists");
+
+    // k3s's tick: promoted, then the remediation goes on.
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        // Short, so the test does not wait k3s's 15 s.
+        tick: Duration::from_secs(2),
+        ..K3sAgentSettings::default()
+    });
+    sandbox
+        .wait_for("the target's member removed after the promotion", LIMIT, || async {
+            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+            snap.member_by_name(&target_member)
+                .map_or(Ok(()), |_| Err(format!("{target_member} still a member")))
+        })
+        .await
+        .unwrap();
+    assert!(
+        k3s.actions()
+            .iter()
+            .any(|a| matches!(a, K3sAction::PromotedLearner { member } if member.contains(&learner))),
+        "k3s promoted {learner}: {:?}",
+        k3s.actions()
+    );
+    let snap = admin.snapshot().await.unwrap();
+    assert!(snap.members.iter().all(|m| !m.learner), "promoted: {snap:?}");
+    controller.stop().await;
+    k3s.stop().await;
+}
