@@ -13,15 +13,22 @@ use k3s_control_plane::api::names::K3S_ETCD_NODE_FINALIZER;
 use k3s_control_plane::harness::k3s_agent::{K3sAction, K3sAgentSettings};
 use k3s_control_plane::harness::sandbox::Sandbox;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 
 async fn wait_finalizers(sandbox: &Sandbox) {
     let nodes: Api<Node> = Api::all(sandbox.workload.client());
     sandbox
         .wait_for("k3s's finalizer on every Node", LIMIT, || async {
-            let list = nodes.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            match list.items.iter().find(|n| !n.finalizers().iter().any(|f| f == K3S_ETCD_NODE_FINALIZER)) {
+            let list = nodes
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            match list
+                .items
+                .iter()
+                .find(|n| !n.finalizers().iter().any(|f| f == K3S_ETCD_NODE_FINALIZER))
+            {
                 Some(n) => Err(format!("{} has none", n.name_any())),
                 None => Ok(()),
             }
@@ -46,7 +53,9 @@ async fn a_node_deleted_in_the_middle_of_a_removal_is_observed_not_fought() {
     wait_finalizers(&sandbox).await;
     let admin = sandbox.etcd.connect();
     let leader = admin.snapshot().await.unwrap().leader.unwrap();
-    let index = (0..3).find(|i| sandbox.etcd.member(*i).id != leader).unwrap();
+    let index = (0..3)
+        .find(|i| sandbox.etcd.member(*i).id != leader)
+        .unwrap();
     let target = sandbox.machines[index].clone();
     let node = sandbox.etcd.member(index).node_name.clone();
     let member = sandbox.etcd.member(index).name.clone();
@@ -56,7 +65,11 @@ async fn a_node_deleted_in_the_middle_of_a_removal_is_observed_not_fought() {
     // The removal has begun (our hook is on the Machine): the Node goes.
     sandbox
         .wait_for("our pre-terminate hook on the target", LIMIT, || async {
-            let m = sandbox.machines_api().get(&target).await.map_err(|e| e.to_string())?;
+            let m = sandbox
+                .machines_api()
+                .get(&target)
+                .await
+                .map_err(|e| e.to_string())?;
             m.annotations()
                 .keys()
                 .any(|k| k.starts_with("pre-terminate.delete.hook.machine.cluster.x-k8s.io/"))
@@ -99,7 +112,10 @@ async fn a_node_deleted_in_the_middle_of_a_removal_is_observed_not_fought() {
         .collect();
     assert_eq!(
         removed,
-        vec![K3sAction::RemovedMember { node: node.clone(), member: member.clone() }],
+        vec![K3sAction::RemovedMember {
+            node: node.clone(),
+            member: member.clone()
+        }],
         "k3s removed exactly that member"
     );
     assert_eq!(admin.snapshot().await.unwrap().members.len(), 2);
@@ -138,13 +154,19 @@ async fn a_learner_blocks_a_removal_until_k3s_promotes_it() {
                 .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Remediating"))
                 .map(|c| c.message.clone())
                 .unwrap_or_default();
-            message.contains("learner").then_some(message.clone()).ok_or(message)
+            message
+                .contains("learner")
+                .then_some(message.clone())
+                .ok_or(message)
         })
         .await
         .unwrap();
     assert!(waiting.contains(&learner), "{waiting}");
     let snap = admin.snapshot().await.unwrap();
-    assert!(snap.member_by_name(&target_member).is_some(), "nothing removed while a learner exists");
+    assert!(
+        snap.member_by_name(&target_member).is_some(),
+        "nothing removed while a learner exists"
+    );
 
     // k3s's tick: promoted, then the remediation goes on.
     let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
@@ -153,22 +175,29 @@ async fn a_learner_blocks_a_removal_until_k3s_promotes_it() {
         ..K3sAgentSettings::default()
     });
     sandbox
-        .wait_for("the target's member removed after the promotion", LIMIT, || async {
-            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
-            snap.member_by_name(&target_member)
-                .map_or(Ok(()), |_| Err(format!("{target_member} still a member")))
-        })
+        .wait_for(
+            "the target's member removed after the promotion",
+            LIMIT,
+            || async {
+                let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+                snap.member_by_name(&target_member)
+                    .map_or(Ok(()), |_| Err(format!("{target_member} still a member")))
+            },
+        )
         .await
         .unwrap();
     assert!(
-        k3s.actions()
-            .iter()
-            .any(|a| matches!(a, K3sAction::PromotedLearner { member } if member.contains(&learner))),
+        k3s.actions().iter().any(
+            |a| matches!(a, K3sAction::PromotedLearner { member } if member.contains(&learner))
+        ),
         "k3s promoted {learner}: {:?}",
         k3s.actions()
     );
     let snap = admin.snapshot().await.unwrap();
-    assert!(snap.members.iter().all(|m| !m.learner), "promoted: {snap:?}");
+    assert!(
+        snap.members.iter().all(|m| !m.learner),
+        "promoted: {snap:?}"
+    );
     controller.stop().await;
     k3s.stop().await;
 }

@@ -202,6 +202,62 @@ async fn a_missing_proxy_pod_is_named_with_its_node_and_selector_and_nothing_is_
     controller.stop().await;
 }
 
+/// A proxy pod that is Pending (its image or the pod network not ready yet,
+/// as upstream's DaemonSet pods are at first): named with its phase, and
+/// nothing is removed on what cannot be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_proxy_pod_is_named_with_its_phase_and_nothing_is_removed() {
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let sandbox = unreachable_sandbox().await;
+    let admin = sandbox.etcd.connect();
+    let before = admin.snapshot().await.unwrap();
+    annotate_kcp(
+        &sandbox,
+        serde_json::json!({ETCD_TRANSPORT_ANNOTATION: "port-forward"}),
+    )
+    .await;
+    let target = sandbox.machines[0].clone();
+    let pending_node = sandbox.etcd.member(1).node_name.clone();
+    let pods: Api<Pod> = Api::namespaced(sandbox.workload.client(), ETCD_PROXY_NAMESPACE);
+    pods.patch_status(
+        &proxy_pod(&pending_node),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"phase": "Pending"}})),
+    )
+    .await
+    .unwrap();
+
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let needle = format!(
+        "{ETCD_PROXY_NAMESPACE}/{} on node {pending_node} is Pending, not Running",
+        proxy_pod(&pending_node)
+    );
+    sandbox
+        .wait_for("the Pending proxy to be named", LIMIT, || async {
+            let text = kcp_condition_text(&sandbox).await;
+            if text.contains(&needle) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        })
+        .await
+        .unwrap();
+    wait_reconciles(&sandbox, &controller.ctx, 3).await;
+    assert_eq!(
+        member_names(&snapshot(&sandbox, &admin).await),
+        member_names(&before),
+        "no member removed"
+    );
+    assert!(
+        machine_names(&sandbox).await.contains(&target),
+        "no Machine deleted"
+    );
+    controller.stop().await;
+}
+
 /// Figures: a membership snapshot and a leader removal (move leader + remove
 /// member) over direct and over port-forward, on the same cluster, one run each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -200,8 +200,9 @@ pub const WAITING_FOR_PRE_TERMINATE_HOOK_REASON: &str = "WaitingForPreTerminateH
 pub const WAITING_EXTERNAL_HOOK_V1BETA1_REASON: &str = "WaitingExternalHook";
 
 /// Where the etcd proxies run in a workload cluster (upstream cluster-api-k3s
-/// deploys them as a DaemonSet on server nodes: hostNetwork, relaying to the
-/// node's 2379).
+/// writes a DaemonSet manifest onto its servers: pods on the pod network,
+/// socat relaying over IPv4 to `$(HOSTIP):2379`, tolerating the control-plane
+/// taints).
 pub const ETCD_PROXY_NAMESPACE: &str = "kube-system";
 /// Label selector of the etcd proxy pods.
 pub const ETCD_PROXY_SELECTOR: &str = "app=etcd-proxy";

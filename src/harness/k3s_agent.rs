@@ -67,11 +67,21 @@ impl Default for K3sAgentSettings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum K3sAction {
     /// A member removed because its Node was deleted or annotated.
-    RemovedMember { node: String, member: String },
+    RemovedMember {
+        node: String,
+        member: String,
+    },
     /// A Node's finalizer kept because the member list or removal failed.
-    KeptFinalizer { node: String, why: String },
-    PromotedLearner { member: String },
-    EvictedStalledLearner { member: String },
+    KeptFinalizer {
+        node: String,
+        why: String,
+    },
+    PromotedLearner {
+        member: String,
+    },
+    EvictedStalledLearner {
+        member: String,
+    },
 }
 
 /// The running simulated k3s of one sandbox.
@@ -109,7 +119,10 @@ impl K3sAgent {
 
     /// What it did so far, in order.
     pub fn actions(&self) -> Vec<K3sAction> {
-        self.actions.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.actions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub async fn stop(self) {
@@ -193,7 +206,8 @@ impl Agent {
             if !deleting && !ours {
                 let mut with = finalizers.clone();
                 with.push(K3S_ETCD_NODE_FINALIZER.to_string());
-                self.patch_finalizers(&name, &node.resource_version(), with).await;
+                self.patch_finalizers(&name, &node.resource_version(), with)
+                    .await;
                 continue;
             }
             if !(deleting && ours) && !asked {
@@ -253,7 +267,12 @@ impl Agent {
         }
     }
 
-    async fn patch_finalizers(&self, node: &str, version: &Option<String>, finalizers: Vec<String>) {
+    async fn patch_finalizers(
+        &self,
+        node: &str,
+        version: &Option<String>,
+        finalizers: Vec<String>,
+    ) {
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": version}});
         // A conflict is retried on the next pass, as wrangler requeues.
         let _ = self
@@ -301,7 +320,11 @@ impl Agent {
         else {
             return;
         };
-        for node in nodes.items.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        for node in nodes
+            .items
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+        {
             let member = annotation(node, K3S_ETCD_NODE_NAME_ANNOTATION)
                 .and_then(|name| snap.members.iter().find(|m| m.name == name));
             let (status, reason) = match member {
@@ -326,9 +349,12 @@ impl Agent {
         };
         self.etcd
             .clients
-            .call(&endpoint, "member promote", Duration::from_secs(3), |mut c| async move {
-                c.member_promote(id).await
-            })
+            .call(
+                &endpoint,
+                "member promote",
+                Duration::from_secs(3),
+                |mut c| async move { c.member_promote(id).await },
+            )
             .await
             .is_ok()
     }
@@ -338,7 +364,11 @@ impl Agent {
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
-            .map(|c| c.iter().map(|c| serde_json::to_value(c).unwrap_or_default()).collect())
+            .map(|c| {
+                c.iter()
+                    .map(|c| serde_json::to_value(c).unwrap_or_default())
+                    .collect()
+            })
             .unwrap_or_default();
         let current = conditions
             .iter()

@@ -502,8 +502,9 @@ impl Sandbox {
     }
 
     /// The `etcd-proxy` pod upstream's DaemonSet runs on a server node
-    /// (kube-system, `app=etcd-proxy`, hostNetwork), running; its forwarded
-    /// port 2379 leads to `member` (the node's etcd client address).
+    /// (kube-system, `app=etcd-proxy`, on the pod network, socat relaying over
+    /// IPv4 to `$(HOSTIP):2379`), Running; its forwarded port 2379 leads to
+    /// `member` (the node's etcd client address).
     pub async fn add_etcd_proxy(
         &self,
         node: &str,
@@ -515,9 +516,14 @@ impl Sandbox {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"app": "etcd-proxy"}},
             "spec": {
-                "nodeName": node, "hostNetwork": true,
+                "nodeName": node,
+                "tolerations": [
+                    {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+                    {"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"},
+                ],
                 "containers": [{"name": "etcd-proxy", "image": "alpine/socat",
-                    "args": ["TCP4-LISTEN:2379,fork,reuseaddr", "TCP4:127.0.0.1:2379"]}]
+                    "env": [{"name": "HOSTIP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
+                    "args": ["TCP4-LISTEN:2379,fork,reuseaddr", "TCP4:$(HOSTIP):2379"]}]
             }
         }))
         .map_err(|e| SandboxError(format!("etcd proxy pod: {e}")))?;
@@ -527,7 +533,9 @@ impl Sandbox {
         pods.patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"phase": "Running"}})),
+            &Patch::Merge(
+                &json!({"status": {"phase": "Running", "hostIP": member.ip().to_string()}}),
+            ),
         )
         .await
         .map_err(err("write etcd proxy Pod status"))?;

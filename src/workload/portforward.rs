@@ -1,6 +1,9 @@
 //! Reach etcd members through the workload API server: a port-forward to the
-//! `etcd-proxy` pod (kube-system, `app=etcd-proxy`, hostNetwork, relaying to the
-//! node's 2379) on the member's node, as upstream cluster-api-k3s does.
+//! `etcd-proxy` pod (kube-system, `app=etcd-proxy`; a DaemonSet the bootstrap
+//! provider writes as a server manifest, on the pod network, socat relaying
+//! over IPv4 to `$(HOSTIP):2379`) on the member's node, as upstream
+//! cluster-api-k3s does. Such a pod is Pending until the node is labelled and
+//! its network and image are ready: only a Running one is used.
 //!
 //! Each member address gets a local listener on 127.0.0.1; every connection
 //! accepted there opens its own port-forward (kube's `Api::<Pod>::portforward`),
@@ -38,6 +41,14 @@ pub enum TunnelError {
         "no Running etcd proxy pod on node {node}: no pod in {ETCD_PROXY_NAMESPACE} matches labels {ETCD_PROXY_SELECTOR} and spec.nodeName={node} (does the node run etcd, and is the etcd-proxy DaemonSet deployed?)"
     )]
     NoProxyPod { node: String },
+    #[error(
+        "the etcd proxy pod {ETCD_PROXY_NAMESPACE}/{pod} on node {node} is {phase}, not Running (its image pull, the pod network, or the node's etcd label may not be ready yet)"
+    )]
+    ProxyPodNotRunning {
+        node: String,
+        pod: String,
+        phase: String,
+    },
     #[error("workload API server: {0}")]
     Api(String),
 }
@@ -248,15 +259,27 @@ async fn open(
         .await
         .map_err(api_err)?
         .items;
-    candidates.retain(|p| {
-        p.metadata.deletion_timestamp.is_none()
-            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    });
+    candidates.retain(|p| p.metadata.deletion_timestamp.is_none());
     candidates.sort_by_key(|p| p.name_any());
-    let pod = candidates
-        .first()
-        .map(|p| p.name_any())
-        .ok_or(TunnelError::NoProxyPod { node })?;
+    let phase = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_else(|| "Pending".into())
+    };
+    let pod = match candidates.iter().find(|p| phase(p) == "Running") {
+        Some(p) => p.name_any(),
+        None => {
+            return Err(match candidates.first() {
+                Some(p) => TunnelError::ProxyPodNotRunning {
+                    node,
+                    pod: p.name_any(),
+                    phase: phase(p),
+                },
+                None => TunnelError::NoProxyPod { node },
+            });
+        }
+    };
     let forwarder = pods.portforward(&pod, &[port]).await.map_err(api_err)?;
     Ok((pod, forwarder))
 }
