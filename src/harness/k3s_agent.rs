@@ -210,7 +210,8 @@ impl Agent {
                     .await;
                 continue;
             }
-            if !(deleting && ours) && !asked {
+            let removing = deleting && ours;
+            if !removing && !asked {
                 continue;
             }
             if snapshot.is_none() {
