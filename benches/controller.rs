@@ -87,8 +87,28 @@ struct Timeline {
     age_at_mark: Duration,
 }
 
+/// Raft timing of the bench's etcd: `K3SCP_BENCH_RAFT=500,5000` runs at k3s's
+/// own (heartbeat 500 ms, election 5000 ms); unset: the harness's 100/1500 ms.
+fn raft_timing() -> Option<(u32, u32)> {
+    let text = std::env::var("K3SCP_BENCH_RAFT").ok()?;
+    let (heartbeat, election) = text.split_once(',')?;
+    Some((
+        heartbeat.trim().parse().ok()?,
+        election.trim().parse().ok()?,
+    ))
+}
+
+/// `K3SCP_BENCH_ONLY_REMEDIATION=1`: skip the fleet (memory) part.
+fn only_remediation() -> bool {
+    std::env::var_os("K3SCP_BENCH_ONLY_REMEDIATION").is_some()
+}
+
 async fn remediate_once(target_kind: Target, aged: bool) -> Timeline {
-    let sandbox = Sandbox::start(3).await.expect("sandbox");
+    let mut etcd = k3s_control_plane::harness::EtcdTestCluster::builder().members(3);
+    if let Some((heartbeat, election)) = raft_timing() {
+        etcd = etcd.raft_timing(heartbeat, election);
+    }
+    let sandbox = Sandbox::start_with(etcd, 3).await.expect("sandbox");
     let up = Instant::now();
     let admin = sandbox.etcd.connect();
     let snapshot = admin.snapshot().await.expect("snapshot");
@@ -477,11 +497,11 @@ fn main() {
         let fresh = scenario("leader marked, cluster just started", Target::Leader, false).await;
         let aged = scenario("leader marked, cluster > 6 s old", Target::Leader, true).await;
         let follower = scenario("follower marked, cluster > 6 s old", Target::Follower, true).await;
-        let fleet = fleet().await;
 
         println!();
         println!(
-            "remediation, 3-member loopback etcd, {ITERATIONS} runs each   {:>9} {:>9} {:>9}",
+            "remediation, 3-member loopback etcd (raft heartbeat/election {}), {ITERATIONS} runs each   {:>9} {:>9} {:>9}",
+            raft_timing().map_or("100/1500 ms".to_string(), |(h, e)| format!("{h}/{e} ms")),
             "min ms", "median ms", "max ms"
         );
         for s in [&fresh, &aged, &follower] {
@@ -496,6 +516,10 @@ fn main() {
             guard(|t| t.member_removed),
             guard(|t| t.machine_gone)
         );
+        if only_remediation() {
+            return;
+        }
+        let fleet = fleet().await;
         println!();
         println!(
             "controller process (`k3s-control-plane run`, {} build), {FLEET} KThreesControlPlanes, \

@@ -201,3 +201,78 @@ async fn a_learner_blocks_a_removal_until_k3s_promotes_it() {
     controller.stop().await;
     k3s.stop().await;
 }
+
+/// Quorum lost, and a Node deleted: k3s cannot list the members, so its
+/// finalizer stays and the Node hangs in Terminating (as k3s's handler keeps
+/// failing); the controller removes nothing meanwhile. Once quorum is back,
+/// k3s removes the member and the Node goes: it did not hold it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stuck_terminating_after_quorum_loss_is_released_when_quorum_returns() {
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        // Learner timing plays no part here.
+        tick: Duration::from_secs(1),
+        ..K3sAgentSettings::default()
+    });
+    wait_finalizers(&sandbox).await;
+    let node = sandbox.etcd.member(0).node_name.clone();
+    let member = sandbox.etcd.member(0).name.clone();
+    let controller = sandbox.start_controller();
+    // Two of three members down: no quorum, the member list fails.
+    sandbox.etcd.stop(1).await.unwrap();
+    sandbox.etcd.stop(2).await.unwrap();
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    nodes.delete(&node, &DeleteParams::default()).await.unwrap();
+    sandbox
+        .wait_for("k3s to keep its finalizer", LIMIT, || async {
+            k3s.actions()
+                .iter()
+                .any(|a| matches!(a, K3sAction::KeptFinalizer { node: n, .. } if *n == node))
+                .then_some(())
+                .ok_or_else(|| format!("{:?}", k3s.actions()))
+        })
+        .await
+        .unwrap();
+    let stuck = nodes.get(&node).await.expect("the Node is still there");
+    assert!(stuck.metadata.deletion_timestamp.is_some(), "Terminating");
+    assert!(
+        stuck
+            .finalizers()
+            .iter()
+            .any(|f| f == K3S_ETCD_NODE_FINALIZER)
+    );
+    wait_reconciles(&sandbox, &controller.ctx, 3).await;
+    assert_eq!(
+        machine_names(&sandbox).await.len(),
+        3,
+        "nothing removed without quorum"
+    );
+
+    // Quorum back: k3s removes the member and lets the Node go.
+    sandbox.etcd.restart(1).await.unwrap();
+    sandbox.etcd.restart(2).await.unwrap();
+    sandbox
+        .wait_for(
+            "the Node gone once k3s removed its member",
+            LIMIT,
+            || async {
+                match nodes.get_opt(&node).await.map_err(|e| e.to_string())? {
+                    Some(_) => Err("still Terminating".to_string()),
+                    None => Ok(()),
+                }
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        k3s.actions().contains(&K3sAction::RemovedMember {
+            node: node.clone(),
+            member: member.clone()
+        }),
+        "{:?}",
+        k3s.actions()
+    );
+    controller.stop().await;
+    k3s.stop().await;
+}
