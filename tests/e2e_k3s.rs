@@ -105,19 +105,37 @@ async fn a_node_deleted_in_the_middle_of_a_removal_is_observed_not_fought() {
         })
         .await
         .unwrap();
+    // k3s reacts within 200 ms, but once the Node is gone CAPI's drain has
+    // nothing to wait for, so the controller may remove the member first;
+    // then k3s finds none to remove and lets the Node go. Either way the
+    // member was removed once, by one of them, and nobody failed.
     let removed: Vec<_> = k3s
         .actions()
         .into_iter()
         .filter(|a| matches!(a, K3sAction::RemovedMember { .. }))
         .collect();
-    assert_eq!(
-        removed,
-        vec![K3sAction::RemovedMember {
-            node: node.clone(),
-            member: member.clone()
-        }],
-        "k3s removed exactly that member"
+    assert!(
+        removed.is_empty()
+            || removed
+                == vec![K3sAction::RemovedMember {
+                    node: node.clone(),
+                    member: member.clone(),
+                }],
+        "k3s removed nothing else: {removed:?}"
     );
+    sandbox
+        .wait_for(
+            "the Node gone (k3s released its finalizer)",
+            LIMIT,
+            || async {
+                match nodes.get_opt(&node).await.map_err(|e| e.to_string())? {
+                    Some(_) => Err("still there".to_string()),
+                    None => Ok(()),
+                }
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(admin.snapshot().await.unwrap().members.len(), 2);
     let failed = event_notes(&sandbox, "StepFailed").await;
     assert!(failed.is_empty(), "no step failed fighting k3s: {failed:?}");
