@@ -238,6 +238,36 @@ struct Scenario {
     runs: Vec<Timeline>,
 }
 
+/// etcd's own floor for the leader's removal at the same raft timing: on a
+/// cluster past etcd's 5 s reconfiguration guard, the raw operations through
+/// our engine (move leadership off the leader, remove its member, confirmed),
+/// with no controller, API server or drain around them.
+async fn etcd_floor() -> Vec<Duration> {
+    let mut runs = Vec::new();
+    for _ in 0..ITERATIONS {
+        let mut builder = k3s_control_plane::harness::EtcdTestCluster::builder().members(3);
+        if let Some((heartbeat, election)) = raft_timing() {
+            builder = builder.raft_timing(heartbeat, election);
+        }
+        let cluster = builder.start().await.expect("etcd cluster");
+        tokio::time::sleep(GUARD_AGE).await;
+        let etcd = cluster.connect();
+        let leader = etcd
+            .snapshot()
+            .await
+            .expect("snapshot")
+            .leader
+            .expect("a leader");
+        let started = Instant::now();
+        etcd.move_leader_off(leader, None)
+            .await
+            .expect("move leader");
+        etcd.remove_member(leader).await.expect("remove member");
+        runs.push(started.elapsed());
+    }
+    runs
+}
+
 async fn scenario(name: &'static str, target: Target, aged: bool) -> Scenario {
     let mut runs = Vec::new();
     for _ in 0..ITERATIONS {
@@ -515,6 +545,14 @@ fn main() {
              member removed {:.0} ms, Machine gone {:.0} ms",
             guard(|t| t.member_removed),
             guard(|t| t.machine_gone)
+        );
+        let floor = etcd_floor().await;
+        let (min, median, max) = min_median_max(floor);
+        println!(
+            "  etcd's own floor: move leader + remove member (raw, warm handle) {:>9.0} {:>9.0} {:>9.0}",
+            ms(min),
+            ms(median),
+            ms(max)
         );
         if only_remediation() {
             return;
