@@ -77,6 +77,29 @@ impl QuotaSource {
     }
 }
 
+/// The quota of the members that do not report their own (etcd < 3.6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "source", content = "value", rename_all = "camelCase")]
+pub enum ConfiguredQuota {
+    /// `run --etcd-quota-backend-bytes` (etcd's default unless set).
+    Default(u64),
+    /// The control plane's annotation.
+    Annotation(u64),
+    /// The annotation is there but is not a quota: why.
+    Invalid(String),
+}
+
+impl ConfiguredQuota {
+    /// The quota and where it comes from, or why it is unknown.
+    pub fn resolve(&self) -> Result<(u64, QuotaSource), String> {
+        match self {
+            ConfiguredQuota::Default(q) => Ok((*q, QuotaSource::Default)),
+            ConfiguredQuota::Annotation(q) => Ok((*q, QuotaSource::Annotation)),
+            ConfiguredQuota::Invalid(why) => Err(why.clone()),
+        }
+    }
+}
+
 /// What a member's own `Status` said of its backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

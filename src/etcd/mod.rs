@@ -9,6 +9,7 @@
 //! - [`cluster`]: the handle ([`EtcdCluster`]) and the snapshot.
 //! - [`snapshot`]: the observed membership and its quorum views.
 //! - [`ops`]: move leader, remove member, safe remove.
+//! - [`space`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space`].
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
 pub mod client;
@@ -16,6 +17,7 @@ pub mod cluster;
 pub mod error;
 pub mod ops;
 pub mod snapshot;
+pub mod space;
 pub mod tls;
 pub mod transport;
 
@@ -24,5 +26,6 @@ pub use cluster::{EtcdCluster, ListedMember};
 pub use error::EtcdError;
 pub use ops::{LeaderMove, Removal, SafeRemoval};
 pub use snapshot::{MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id};
+pub use space::{Compacted, Defragmented, Disarmed};
 pub use tls::{ClientCertMinter, ClientCertSource, ClientIdentity, ClientTls, ServerCa, TlsError};
 pub use transport::{EtcdEndpoint, Transport};

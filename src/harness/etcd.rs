@@ -609,6 +609,7 @@ impl EtcdTestCluster {
                 probe: Duration::from_secs(2),
                 confirm: Duration::from_secs(15),
                 election: Duration::from_millis(u64::from(opts.raft_timing.1)),
+                defrag: crate::etcd::client::DEFAULT_DEFRAG_TIMEOUT,
             },
         )?;
         let mut cluster = Self {
@@ -1042,6 +1043,125 @@ impl EtcdTestCluster {
             crate::etcd::tls::DEFAULT_MINTED_LIFETIME,
         )
         .expect("the generated CA can mint")
+    }
+
+    /// Write `key` = `value` through member `index` (the data a test needs:
+    /// the engine itself never writes keys).
+    pub async fn put(&self, index: usize, key: &str, value: Vec<u8>) -> Result<(), EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let key = key.to_string();
+        self.admin
+            .clients
+            .call(
+                &endpoint,
+                "put",
+                Duration::from_secs(10),
+                |mut c| async move { c.put(key, value, None).await },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// The value of `key`, read through member `index` (linearizable).
+    pub async fn get(&self, index: usize, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let key = key.to_string();
+        let response = self
+            .admin
+            .clients
+            .call(
+                &endpoint,
+                "get",
+                Duration::from_secs(10),
+                |mut c| async move { c.get(key, None).await },
+            )
+            .await?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// A serializable read of `key` (count only) on member `index` alone:
+    /// served from its own backend, so it waits while that member is
+    /// defragmented (what sampling tests watch).
+    pub async fn read_local(
+        &self,
+        index: usize,
+        key: &str,
+        limit: Duration,
+    ) -> Result<(), EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let key = key.to_string();
+        self.admin
+            .clients
+            .call_keeping_connection(&endpoint, "local read", limit, |mut c| async move {
+                c.get(
+                    key,
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_serializable()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Member `index`'s own `Status` (its sizes, revision, leader).
+    pub async fn status(&self, index: usize) -> Result<crate::etcd::MemberStatus, EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let listed = crate::etcd::ListedMember {
+            id: member.id,
+            name: member.name.clone(),
+            peer_urls: vec![member.peer_url()],
+            client_urls: vec![member.client_url()],
+            learner: member.learner,
+        };
+        self.admin
+            .probe(&listed, Duration::from_secs(2))
+            .await
+            .map(|(_, status)| status)
+    }
+
+    /// Overwrite `keys` keys (`fill-0`...) round-robin with `value_bytes`
+    /// of data through member `index` until etcd refuses a write with
+    /// `database space exceeded` (a real `NOSPACE`); the number of writes it
+    /// took. Most of what it writes is history: each overwrite keeps the
+    /// value before it until a compaction.
+    pub async fn fill_until_nospace(
+        &self,
+        index: usize,
+        keys: usize,
+        value_bytes: usize,
+        max_writes: usize,
+    ) -> Result<usize, HarnessError> {
+        for i in 0..max_writes {
+            let value = vec![b'a' + (i % 26) as u8; value_bytes];
+            match self
+                .put(index, &format!("fill-{}", i % keys.max(1)), value)
+                .await
+            {
+                Ok(()) => {}
+                Err(err) if err.to_string().contains("database space exceeded") => return Ok(i),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(HarnessError::Timeout {
+            what: "NOSPACE".into(),
+            after: Duration::ZERO,
+            last: format!("{max_writes} writes of {value_bytes} bytes were all accepted"),
+        })
     }
 
     /// A fresh engine handle on this cluster, seeded with every endpoint.
