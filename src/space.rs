@@ -55,6 +55,29 @@ impl Default for Thresholds {
     }
 }
 
+/// What `run` says about etcd's space (`--etcd-space-care` and its thresholds,
+/// `--etcd-quota-backend-bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpaceSettings {
+    /// Act on the rule (off by default: sizes are reported either way).
+    pub care: bool,
+    pub thresholds: Thresholds,
+    /// The quota of members that do not report theirs, unless the control
+    /// plane's annotation says otherwise.
+    pub default_quota: u64,
+}
+
+impl Default for SpaceSettings {
+    fn default() -> Self {
+        SpaceSettings {
+            care: false,
+            thresholds: Thresholds::default(),
+            default_quota: DEFAULT_QUOTA_BYTES,
+        }
+    }
+}
+
 /// Where a member's quota comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -493,12 +516,16 @@ impl ClusterSpace {
     }
 
     /// The next member to defragment among `candidates`: followers first
-    /// (the fullest first, then by name), the leader last; the leader of a
+    /// (one with the NOSPACE alarm first, then the fullest, then by name),
+    /// the leader last; the leader of a
     /// cluster with another voter gets its leadership moved first.
     fn next_defrag<'a>(&'a self, candidates: &[&'a MemberSpace]) -> Option<SpaceStep> {
         let follower = candidates.iter().filter(|m| !m.leader).min_by(|a, b| {
             let size = |m: &MemberSpace| m.sizes.map_or(0, |s| s.db_size);
-            size(b).cmp(&size(a)).then_with(|| a.label.cmp(&b.label))
+            b.nospace
+                .cmp(&a.nospace)
+                .then_with(|| size(b).cmp(&size(a)))
+                .then_with(|| a.label.cmp(&b.label))
         });
         if let Some(m) = follower {
             return Some(SpaceStep::Defragment {
@@ -925,6 +952,26 @@ mod tests {
         );
         assert_eq!(d.rule(), "etcd-space.defragment");
         assert!(d.is_recovery());
+    }
+
+    #[test]
+    fn nospace_defragments_the_alarmed_follower_before_a_fuller_one() {
+        let d = decide(
+            &cluster(vec![
+                member(1, 50 * MIB, 40 * MIB),
+                full(member(2, 95 * MIB, 30 * MIB)),
+                member(3, 99 * MIB, 30 * MIB),
+            ]),
+            &t(),
+        );
+        assert_eq!(
+            step(&d),
+            Some(&SpaceStep::Defragment {
+                member: 2,
+                label: "cp-2".into()
+            }),
+            "{d}"
+        );
     }
 
     #[test]

@@ -250,6 +250,8 @@ pub async fn observe_management(
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
+            etcd_space: ctx.settings.etcd_space,
+            etcd_history: None,
             now,
         };
         let read = ManagementRead {
@@ -337,6 +339,8 @@ pub async fn observe_management(
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
+            etcd_space: ctx.settings.etcd_space,
+            etcd_history: None,
             now,
         },
         ManagementRead {
@@ -355,6 +359,7 @@ pub struct WorkloadObservation {
     workload: WorkloadState,
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
+    etcd_history: Option<Result<crate::space::History, String>>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     handle: Option<Arc<EtcdCluster>>,
 }
@@ -366,6 +371,7 @@ impl WorkloadObservation {
             workload: world.workload,
             etcd: world.etcd,
             etcd_transport: world.etcd_transport,
+            etcd_history: world.etcd_history,
             members_first_seen: world.members_first_seen,
             handle,
         }
@@ -376,6 +382,7 @@ impl WorkloadObservation {
         world.workload = self.workload;
         world.etcd = self.etcd;
         world.etcd_transport = self.etcd_transport;
+        world.etcd_history = self.etcd_history;
         world.members_first_seen = self.members_first_seen;
         self.handle
     }
@@ -389,6 +396,7 @@ impl WorkloadObservation {
             reason: NOT_READ.into(),
         };
         world.etcd_transport = None;
+        world.etcd_history = None;
         world.members_first_seen = Default::default();
     }
 }
@@ -611,5 +619,12 @@ async fn read_workload(
         );
     }
     world.etcd = etcd;
+    // Whether the history is compacted: read only when the space rule needs it.
+    world.etcd_history = None;
+    if crate::decision::space::needs_history(world)
+        && let (Some(handle), EtcdObservation::Observed(snapshot)) = (&handle, &world.etcd)
+    {
+        world.etcd_history = Some(handle.history(snapshot).await.map_err(|e| e.to_string()));
+    }
     Ok(handle)
 }

@@ -43,6 +43,10 @@ pub struct Decision {
     pub status: KThreesControlPlaneStatus,
     /// The conditions we own on each Machine, by Machine name (with a plan only).
     pub machine_conditions: Vec<(String, MachineConditions)>,
+    /// etcd's space: every member's sizes against its quota and, with
+    /// `run --etcd-space-care`, the space rule's verdict (absent while etcd
+    /// is not observed).
+    pub etcd_space: Option<super::space::EtcdSpace>,
 }
 
 /// The Event a decision publishes when the status it implies is new.
@@ -74,13 +78,15 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
     let outdated = outdated_machines(&desired, &world.machines, world.now);
     let mapping = mapping(world);
     let replicas = replicas(world, &outdated);
+    let etcd_space = super::space::etcd_space(world);
     let plan = matches!(lifecycle, Lifecycle::Proceed { .. })
-        .then(|| plan_on(world, mapping.clone(), &outdated));
+        .then(|| plan_on(world, mapping.clone(), &outdated, etcd_space.as_ref()));
     let status = kcp_status(
         world,
         &lifecycle,
         plan.as_ref().map(|p| p.as_ref()),
         &replicas,
+        etcd_space.as_ref(),
     );
     let machine_conditions = match &plan {
         Some(Ok(plan)) => world
@@ -104,6 +110,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         plan,
         status,
         machine_conditions,
+        etcd_space,
     }
 }
 
@@ -146,7 +153,10 @@ impl Decision {
             ),
             Some(Ok(plan)) => matches!(
                 plan.action,
-                Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
+                Action::Step { .. }
+                    | Action::CreateMachine
+                    | Action::RemoveOrphan { .. }
+                    | Action::EtcdSpace { .. }
             ),
             Some(Err(_)) => false,
         }
@@ -224,6 +234,8 @@ mod tests {
             members_first_seen: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
     }

@@ -424,6 +424,8 @@ mod tests {
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
     }
