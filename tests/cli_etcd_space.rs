@@ -3,11 +3,9 @@
 //! real `NOSPACE`.
 
 use std::process::Output;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use k3s_control_plane::harness::EtcdTestCluster;
+use k3s_control_plane::harness::space::one_at_a_time;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
@@ -215,99 +213,23 @@ async fn defrag_is_refused_while_another_member_is_down_naming_it() {
     assert!(text(&out.stdout).is_empty(), "{}", text(&out.stdout));
 }
 
-/// One look at one member: how long a read served from its own backend took
-/// (it waits while the member is defragmented), then its file size.
-#[derive(Clone, Copy, Debug)]
-struct Sample {
-    member: usize,
-    read: (Instant, Instant),
-    db_size: Option<i64>,
-}
-
-/// Sample member `member` back to back until `stop`.
-fn sampler(
-    c: Arc<EtcdTestCluster>,
-    member: usize,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<Sample>> {
-    tokio::spawn(async move {
-        let mut samples = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
-            let _ = c.read_local(member, "probe", Duration::from_secs(30)).await;
-            let ended = Instant::now();
-            let db_size = c.status(member).await.ok().map(|s| s.db_size);
-            samples.push(Sample {
-                member,
-                read: (started, ended),
-                db_size,
-            });
-        }
-        samples
-    })
-}
-
-/// Fill every member with `mib` MiB of live data and as much history, then
-/// compact it: each member's file is then about half free pages.
-async fn fragmented_cluster(mib: usize) -> EtcdTestCluster {
-    k3s_control_plane::install_crypto_provider();
-    let c = EtcdTestCluster::start(3).await.unwrap();
-    for round in 0..2 {
-        for i in 0..mib {
-            c.put(0, &format!("data-{i}"), vec![b'a' + round; 1024 * 1024])
-                .await
-                .unwrap();
-        }
-    }
-    let out = etcd(&c, &["compact"]).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    // The pages the compaction freed count as free once the backend commits again.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        c.put(0, "tick", b"x".to_vec()).await.unwrap();
-        let mut fragmented = true;
-        for i in 0..3 {
-            let s = c.status(i).await.unwrap();
-            fragmented &= s.db_size_in_use * 10 < s.db_size * 7;
-        }
-        if fragmented {
-            return c;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the compacted pages never counted as free"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defrag_goes_one_member_at_a_time_followers_first_and_the_leader_last() {
-    let c = Arc::new(fragmented_cluster(48).await);
+    k3s_control_plane::install_crypto_provider();
+    let c = EtcdTestCluster::start(3).await.unwrap();
+    c.fill_fragmented(48).await.unwrap();
     let leader_id = c.connect().snapshot().await.unwrap().leader.unwrap();
     let leader = c.index_of(leader_id).unwrap();
-    let before: Vec<i64> = {
-        let mut sizes = Vec::new();
-        for i in 0..3 {
-            sizes.push(c.status(i).await.unwrap().db_size);
-        }
-        sizes
-    };
+    let mut before = Vec::new();
+    for i in 0..3 {
+        before.push(c.status(i).await.unwrap().db_size);
+    }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let samplers: Vec<_> = (0..3)
-        .map(|i| sampler(c.clone(), i, stop.clone()))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sampler = c.sample_local_reads();
     let out = etcd(&c, &["defrag", "--output", "json"]).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.finish().await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report = json(&out);
-    let mut samples = Vec::new();
-    for s in samplers {
-        samples.extend(s.await.unwrap());
-    }
 
     // The order the CLI reports: both followers, then the old leader after its leadership moved.
     let order: Vec<usize> = report["defragmented"]
@@ -327,75 +249,19 @@ async fn defrag_goes_one_member_at_a_time_followers_first_and_the_leader_last() 
         c.member(leader).name,
         "{report}"
     );
-
-    // What the members showed: when each one's file shrank, and the longest
-    // wait of a read served from its own backend (its defragmentation).
-    let shrank: Vec<Instant> = (0..3)
-        .map(|i| {
-            samples
-                .iter()
-                .filter(|s| s.member == i)
-                .find(|s| s.db_size.is_some_and(|size| size * 4 < before[i] * 3))
-                .unwrap_or_else(|| panic!("{} never shrank", c.member(i).name))
-                .read
-                .1
-        })
-        .collect();
-    let blocked: Vec<(Instant, Instant)> = (0..3)
-        .map(|i| {
-            samples
-                .iter()
-                .filter(|s| s.member == i)
-                .max_by_key(|s| s.read.1 - s.read.0)
-                .unwrap()
-                .read
-        })
-        .collect();
+    let windows = one_at_a_time(&samples, &before, &order, &c.member_names())
+        .unwrap_or_else(|e| panic!("{e}"));
     let start = samples.iter().map(|s| s.read.0).min().unwrap();
-    for i in 0..3 {
-        let typical = {
-            let mut d: Vec<Duration> = samples
-                .iter()
-                .filter(|s| s.member == i)
-                .map(|s| s.read.1 - s.read.0)
-                .collect();
-            d.sort();
-            d[d.len() / 2]
-        };
+    for w in windows {
         eprintln!(
-            "{}{}: {} samples, read typically {typical:?}, longest {:?} from {:?} to {:?}, file {} -> shrank at {:?}",
-            c.member(i).name,
-            if i == leader { " (leader)" } else { "" },
-            samples.iter().filter(|s| s.member == i).count(),
-            blocked[i].1 - blocked[i].0,
-            blocked[i].0 - start,
-            blocked[i].1 - start,
-            before[i],
-            shrank[i] - start,
-        );
-        // The signal is real: the defragmentation held reads far longer than usual.
-        assert!(
-            blocked[i].1 - blocked[i].0 > typical * 5,
-            "{}: no read waited noticeably",
-            c.member(i).name
-        );
-    }
-    // Shrunk in the order the CLI reports.
-    for w in order.windows(2) {
-        assert!(
-            shrank[w[0]] < shrank[w[1]],
-            "shrank out of order: {order:?}"
-        );
-    }
-    // One at a time: each member's defragmentation ended before the next one's began.
-    for w in order.windows(2) {
-        assert!(
-            blocked[w[0]].1 <= blocked[w[1]].0,
-            "{} was still blocked when {} was: {:?} vs {:?}",
-            c.member(w[0]).name,
-            c.member(w[1]).name,
-            blocked[w[0]],
-            blocked[w[1]]
+            "{}{}: samples typically {:?}, held {:?} from {:?}, file {} bytes, shrank at {:?}",
+            c.member(w.member).name,
+            if w.member == leader { " (leader)" } else { "" },
+            w.typical,
+            w.held_for(),
+            w.held.0 - start,
+            before[w.member],
+            w.shrank.map(|t| t - start),
         );
     }
 }

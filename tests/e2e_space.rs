@@ -3,7 +3,8 @@
 //! quota, a key written, then filled until a real NOSPACE. With the flag
 //! the controller compacts, defragments one member at a time (followers
 //! first, the leader last after its leadership moved) and disarms the alarm;
-//! without it, nothing of the kind happens.
+//! without it, nothing of the kind happens. A fragmented cluster is
+//! defragmented one member at a time, as sampling the members shows.
 
 mod e2e_support;
 
@@ -12,7 +13,8 @@ use e2e_support::{
 };
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::sandbox::{Sandbox, fast_settings};
-use k3s_control_plane::space::SpaceSettings;
+use k3s_control_plane::harness::space::one_at_a_time;
+use k3s_control_plane::space::{SpaceSettings, Thresholds};
 use serde_json::json;
 
 const KEEP: &str = "keep";
@@ -303,5 +305,82 @@ async fn nospace_with_another_member_down_is_refused_naming_it_until_it_is_back(
         sandbox.etcd.get(down, KEEP).await.unwrap().as_deref(),
         Some(KEPT)
     );
+    controller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragmented_cluster_is_defragmented_by_the_controller_one_member_at_a_time() {
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    sandbox.etcd.fill_fragmented(48).await.unwrap();
+    // Files of about 125 MiB, half free, against a 200 MiB quota.
+    annotate_kcp(
+        &sandbox,
+        json!({"controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes": "200Mi"}),
+    )
+    .await;
+    let admin = sandbox.etcd.connect();
+    let leader = snapshot(&sandbox, &admin).await.leader.unwrap();
+    let leader = sandbox.etcd.index_of(leader).unwrap();
+    let mut before = Vec::new();
+    for i in 0..3 {
+        before.push(sandbox.etcd.status(i).await.unwrap().db_size);
+    }
+    let mut settings = fast_settings();
+    settings.etcd_space = SpaceSettings {
+        care: true,
+        thresholds: Thresholds {
+            fragmentation: 0.3,
+            ..Thresholds::default()
+        },
+        ..SpaceSettings::default()
+    };
+    let sampler = sandbox.etcd.sample_local_reads();
+    let controller = sandbox.start_controller_with(settings);
+    sandbox
+        .wait_for("every member defragmented", LIMIT, || async {
+            let done = events(&sandbox, "EtcdDefragmented").await.len();
+            match condition(&kcp(&sandbox).await, "EtcdSpaceHealthy") {
+                Some((status, reason, _))
+                    if done == 3 && status == "True" && reason == "Healthy" =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{done} defragmented, EtcdSpaceHealthy {other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    let samples = sampler.finish().await;
+
+    // The order the Events tell, and what the members showed.
+    let mut defrags = events(&sandbox, "EtcdDefragmented").await;
+    defrags.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    let names = sandbox.etcd.member_names();
+    let order: Vec<usize> = defrags
+        .iter()
+        .map(|e| {
+            let note = e.note.clone().unwrap_or_default();
+            names
+                .iter()
+                .position(|n| note.starts_with(&format!("defragmented etcd member {n}: ")))
+                .unwrap_or_else(|| panic!("{note}"))
+        })
+        .collect();
+    assert_eq!(order[2], leader, "the leader last: {order:?}");
+    one_at_a_time(&samples, &before, &order, &names).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(events(&sandbox, "EtcdLeadershipMoved").await.len(), 1);
+    for reason in ["EtcdCompacted", "EtcdAlarmDisarmed", "StepFailed"] {
+        assert_eq!(events(&sandbox, reason).await.len(), 0, "{reason}");
+    }
+    for i in 0..3 {
+        let after = sandbox.etcd.status(i).await.unwrap().db_size;
+        assert!(
+            after * 3 < before[i] * 2,
+            "{}: {} -> {after}",
+            names[i],
+            before[i]
+        );
+    }
     controller.stop().await;
 }

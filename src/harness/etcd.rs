@@ -1085,37 +1085,6 @@ impl EtcdTestCluster {
         Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
-    /// A serializable read of `key` (count only) on member `index` alone:
-    /// served from its own backend, so it waits while that member is
-    /// defragmented (what sampling tests watch).
-    pub async fn read_local(
-        &self,
-        index: usize,
-        key: &str,
-        limit: Duration,
-    ) -> Result<(), EtcdError> {
-        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
-            member: format!("index {index}"),
-        })?;
-        let endpoint = self.admin.clients.resolve(&member.client_url())?;
-        let key = key.to_string();
-        self.admin
-            .clients
-            .call_keeping_connection(&endpoint, "local read", limit, |mut c| async move {
-                c.get(
-                    key,
-                    Some(
-                        etcd_client::GetOptions::new()
-                            .with_serializable()
-                            .with_count_only(),
-                    ),
-                )
-                .await
-            })
-            .await
-            .map(|_| ())
-    }
-
     /// Member `index`'s own `Status` (its sizes, revision, leader).
     pub async fn status(&self, index: usize) -> Result<crate::etcd::MemberStatus, EtcdError> {
         let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
@@ -1132,6 +1101,47 @@ impl EtcdTestCluster {
             .probe(&listed, Duration::from_secs(2))
             .await
             .map(|(_, status)| status)
+    }
+
+    /// Give every member `mib` MiB of live data and as much history (each
+    /// of `data-0`... written twice, 1 MiB a value), compact the history,
+    /// and write until the freed pages count as free: each member's file is
+    /// then about half free pages, ready to be defragmented.
+    pub async fn fill_fragmented(&self, mib: usize) -> Result<(), HarnessError> {
+        for round in 0..2u8 {
+            for i in 0..mib {
+                self.put(0, &format!("data-{i}"), vec![b'a' + round; 1024 * 1024])
+                    .await?;
+            }
+        }
+        self.admin.compact().await?;
+        // The pages a compaction frees count once the backend commits again.
+        let limit = Duration::from_secs(30);
+        let deadline = Instant::now() + limit;
+        loop {
+            self.put(0, "tick", b"x".to_vec()).await?;
+            let mut last = None;
+            for i in 0..self.members.len() {
+                let s = self.status(i).await?;
+                if s.db_size_in_use * 10 >= s.db_size * 7 {
+                    last = Some(format!(
+                        "{}: {} of {} bytes in use",
+                        self.members[i].name, s.db_size_in_use, s.db_size
+                    ));
+                }
+            }
+            let Some(last) = last else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: "compacted pages counted as free".into(),
+                    after: limit,
+                    last,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Overwrite `keys` keys (`fill-0`...) round-robin with `value_bytes`

@@ -10,6 +10,7 @@ pub mod infra_sim;
 pub mod pki;
 pub mod rollout;
 pub mod sandbox;
+pub mod space;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};
 pub use pki::{CertPair, TestCa, TestPki};
