@@ -305,7 +305,8 @@ impl EtcdCluster {
     /// from `NOSPACE`) and has room below its quota (its own if it reports
     /// one, else `quota`), as [`crate::space::ClusterSpace::disarm_guard`]
     /// says with the numbers; the alarms are read afresh, deactivated one by
-    /// one, and confirmed gone.
+    /// one, and confirmed gone. With no `NOSPACE` raised there is nothing to
+    /// refuse: success, with the numbers.
     #[instrument(skip(self))]
     pub async fn disarm_nospace(
         &self,
@@ -319,9 +320,6 @@ impl EtcdCluster {
         if let Some(reason) = &space.quota_error {
             return Err(refused("disarm NOSPACE".into(), reason.clone()));
         }
-        let room = space
-            .disarm_guard(thresholds)
-            .map_err(|reason| refused("disarm NOSPACE".into(), reason))?;
         let receiver = view
             .members
             .iter()
@@ -332,6 +330,17 @@ impl EtcdCluster {
             })?;
         let endpoint = self.member_endpoint(&receiver)?;
         let alarmed = self.nospace_members(&endpoint).await?;
+        if alarmed.is_empty() {
+            // Nothing to disarm: say how much room there is, whatever it is.
+            let room = space.disarm_guard(thresholds).unwrap_or_else(|why| why);
+            return Ok(Disarmed {
+                members: vec![],
+                room,
+            });
+        }
+        let room = space
+            .disarm_guard(thresholds)
+            .map_err(|reason| refused("disarm NOSPACE".into(), reason))?;
         for id in &alarmed {
             let id = *id;
             self.clients
