@@ -400,6 +400,26 @@ fn table() {
             },
         ),
         (
+            "a removal in flight goes before NOSPACE recovery",
+            |w| {
+                sized(w, 2, 100, 20);
+                nospace(w, 2);
+                deleting(w, 0);
+                w.machines[0].metadata.annotations = Some(
+                    [(
+                        k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+                        k3s_control_plane::remediation::steps::hook_value(Some(1)),
+                    )]
+                    .into(),
+                );
+            },
+            Expect {
+                action: None,
+                rule: "removal.wait.drain",
+                condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
             "a quota annotation that is not one: refused naming the annotation",
             |w| {
                 w.kcp.metadata.annotations.as_mut().unwrap().insert(
