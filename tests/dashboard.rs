@@ -44,6 +44,31 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
             voter_health: "3/3".into(),
         }),
     );
+    m.etcd_space(
+        "ns/c",
+        Some(&k3s_control_plane::space::ClusterSpace {
+            members: vec![k3s_control_plane::space::MemberSpace {
+                id: 1,
+                label: "cp-0".into(),
+                leader: true,
+                learner: false,
+                sizes: Some(k3s_control_plane::space::Sizes {
+                    db_size: 4096,
+                    in_use: 1024,
+                }),
+                quota: Some(2 << 30),
+                quota_source: k3s_control_plane::space::QuotaSource::Default,
+                problem: None,
+                nospace: false,
+            }],
+            nospace: false,
+            alarms_unknown: None,
+            quota_error: None,
+            history: None,
+            busy: None,
+        }),
+    );
+    m.etcd_space_step("defragment");
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     // Every registered family has a sample: nothing here is left untouched.
@@ -347,6 +372,16 @@ fn the_panels_operators_rely_on_are_there() {
     );
     panel_using("k3scp_leader");
     panel_using("k3scp_etcd_transport");
+    // etcd's space: each member's file against its quota, and NOSPACE.
+    let (_, exprs) = panel_using("k3scp_etcd_db_size_bytes");
+    assert!(
+        exprs
+            .iter()
+            .any(|e| e.contains("k3scp_etcd_quota_bytes") && e.contains("by (cluster, member)")),
+        "{exprs:?}"
+    );
+    panel_using("k3scp_etcd_db_in_use_bytes");
+    panel_using("k3scp_etcd_nospace");
 }
 
 #[test]

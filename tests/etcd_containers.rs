@@ -240,6 +240,7 @@ fn timeouts() -> Timeouts {
         confirm: Duration::from_secs(15),
         // The containers' --election-timeout.
         election: Duration::from_millis(1500),
+        defrag: k3s_control_plane::etcd::client::DEFAULT_DEFRAG_TIMEOUT,
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// Floors, lowest first. A module may import its own floor's modules' types
 /// only where listed in `SAME_FLOOR`, and any lower floor.
 const FLOORS: &[&[&str]] = &[
-    &["api", "quorum"],
+    &["api", "quorum", "space"],
     &["pki", "etcd", "membership", "lifecycle"],
     &["workload", "remediation", "rollout"],
     &["decision"],

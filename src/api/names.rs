@@ -210,6 +210,13 @@ pub const ETCD_PROXY_SELECTOR: &str = "app=etcd-proxy";
 /// `direct` or `port-forward`.
 pub const ETCD_TRANSPORT_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-transport";
 
+/// On a KThreesControlPlane: the backend quota its workload cluster's etcd
+/// members run with (bytes, or `8Gi`), for members that do not report theirs
+/// (etcd < 3.6). Set it when the servers run with
+/// `--etcd-arg=quota-backend-bytes=...`; without it, `run
+/// --etcd-quota-backend-bytes` (etcd's 2 GiB default, which k3s keeps).
+pub const ETCD_QUOTA_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes";
+
 /// Name of the kubeconfig Secret of `cluster`.
 pub fn kubeconfig_secret_name(cluster: &str) -> String {
     format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")

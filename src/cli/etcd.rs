@@ -1,5 +1,6 @@
-//! `k3s-control-plane etcd status | move-leader | remove-member`: inspect and
-//! operate on a k3s embedded etcd directly, over verified mutual TLS.
+//! `k3s-control-plane etcd status | move-leader | remove-member | defrag |
+//! compact | alarm disarm`: inspect and operate on a k3s embedded etcd
+//! directly, over verified mutual TLS.
 //!
 //! Exit codes: 0 done, 1 bad input or etcd error, 2 refused as unsafe or
 //! quorum lost (the quorum assessment explains why; `status` prints what it
@@ -12,10 +13,11 @@ use serde::Serialize;
 
 use crate::etcd::tls::{DEFAULT_MINTED_LIFETIME, read_pem_file};
 use crate::etcd::{
-    ClientTls, EtcdCluster, EtcdError, LeaderMove, MembershipSnapshot, Removal, SafeRemoval,
-    TlsError, Transport,
+    ClientTls, Compacted, Defragmented, Disarmed, EtcdCluster, EtcdError, LeaderMove,
+    MembershipSnapshot, Removal, SafeRemoval, TlsError, Transport,
 };
 use crate::quorum::Assessment;
+use crate::space::{ConfiguredQuota, Thresholds, bytes, parse_quota};
 
 #[derive(Debug, clap::Args)]
 pub struct EtcdArgs {
@@ -50,6 +52,13 @@ pub struct EtcdArgs {
 
     #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+
+    /// The members' backend quota, for those that do not report theirs
+    /// (etcd < 3.6): bytes, or with Ki, Mi, Gi. k3s sets none, so etcd's
+    /// default applies (2Gi) unless the servers run with
+    /// `--etcd-arg=quota-backend-bytes=...`.
+    #[arg(long, global = true, value_name = "BYTES", default_value = "2Gi", value_parser = parse_quota)]
+    pub quota_backend_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -77,6 +86,30 @@ pub enum EtcdCommand {
         #[arg(value_name = "NAME|ID")]
         member: String,
     },
+    /// Defragment members one at a time: followers first, the leader last
+    /// after its leadership moved, each confirmed healthy before the next;
+    /// refused while any other member is unhealthy (NOSPACE aside).
+    Defrag {
+        /// Only this member (name or 16-hex id; repeat for more). Default: every member.
+        #[arg(long = "member", value_name = "NAME|ID")]
+        members: Vec<String>,
+    },
+    /// Compact the keyspace history to the current revision (frees pages
+    /// inside each member's backend; `defrag` gives them back).
+    Compact,
+    /// etcd alarms.
+    Alarm {
+        #[command(subcommand)]
+        command: AlarmCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AlarmCommand {
+    /// Disarm NOSPACE, only when every member has room below its quota
+    /// (at most 90% of it): says the numbers either way. Other alarms
+    /// (CORRUPT) are left alone.
+    Disarm,
 }
 
 /// Why the command failed; each message is one line naming the flag or argument.
@@ -104,7 +137,8 @@ impl CliError {
             CliError::Etcd(
                 EtcdError::UnsafeRemoval { .. }
                 | EtcdError::QuorumLost { .. }
-                | EtcdError::AlarmsUnknown { .. },
+                | EtcdError::AlarmsUnknown { .. }
+                | EtcdError::SpaceRefused { .. },
             ) => 2,
             _ => 1,
         }
@@ -222,9 +256,10 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
     match &args.command {
         EtcdCommand::Status => {
             let snap = etcd.snapshot().await?;
+            let quota = ConfiguredQuota::Default(args.quota_backend_bytes);
             match args.output {
-                Output::Json => print_json(&StatusJson::from(&snap)),
-                Output::Text => print_status(&snap),
+                Output::Json => print_json(&StatusJson::of(&snap, &quota)),
+                Output::Text => print_status(&snap, &quota),
             }
             let cluster = snap.assess_cluster();
             if !cluster.has_quorum() {
@@ -258,8 +293,123 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
                 Output::Text => print_removal(&outcome),
             }
         }
+        EtcdCommand::Defrag { members } => {
+            let outcome = defrag(&etcd, members, args.output).await?;
+            if args.output == Output::Json {
+                print_json(&outcome);
+            }
+        }
+        EtcdCommand::Compact => {
+            let compacted = etcd.compact().await?;
+            match args.output {
+                Output::Json => print_json(&compacted),
+                Output::Text => println!("{}", describe_compaction(&compacted)),
+            }
+        }
+        EtcdCommand::Alarm {
+            command: AlarmCommand::Disarm,
+        } => {
+            let quota = ConfiguredQuota::Default(args.quota_backend_bytes);
+            let disarmed = etcd.disarm_nospace(&quota, &Thresholds::default()).await?;
+            match args.output {
+                Output::Json => print_json(&disarmed),
+                Output::Text => println!("{}", describe_disarm(&disarmed)),
+            }
+        }
     }
     Ok(())
+}
+
+/// What `defrag` did, in order.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DefragOutcome {
+    defragmented: Vec<Defragmented>,
+    leader_moves: Vec<LeaderMove>,
+}
+
+/// Defragment `members` (all when empty) one at a time on fresh snapshots:
+/// followers first by name, the leader last once its leadership moved; the
+/// engine refuses a member while another one is unhealthy, naming it.
+async fn defrag(
+    etcd: &EtcdCluster,
+    members: &[String],
+    output: Output,
+) -> Result<DefragOutcome, CliError> {
+    let first = etcd.snapshot().await?;
+    let targets: Vec<u64> = if members.is_empty() {
+        first.members.iter().map(|m| m.id).collect()
+    } else {
+        members
+            .iter()
+            .map(|m| resolve(&first, "--member", m))
+            .collect::<Result<_, _>>()?
+    };
+    let mut outcome = DefragOutcome::default();
+    // Each member once, plus one leadership move each at most.
+    for _ in 0..targets.len() * 2 + 1 {
+        let snap = etcd.snapshot().await?;
+        let view = snap.ignoring_nospace();
+        let cluster = view.assess_cluster();
+        if !cluster.has_quorum() {
+            return Err(EtcdError::QuorumLost {
+                assessment: Box::new(cluster),
+            }
+            .into());
+        }
+        let done = |id: u64| outcome.defragmented.iter().any(|d| d.id == id);
+        let mut pending: Vec<_> = view
+            .members
+            .iter()
+            .filter(|m| targets.contains(&m.id) && !done(m.id))
+            .collect();
+        pending.sort_by_key(|m| (view.leader == Some(m.id), m.label()));
+        let Some(next) = pending.first() else {
+            return Ok(outcome);
+        };
+        let voters = view.members.iter().filter(|m| !m.learner).count();
+        if view.leader == Some(next.id) && voters > 1 {
+            let moved = etcd.move_leader_off_in(&view, next.id, None).await?;
+            if output == Output::Text {
+                println!("{} (so that it can be defragmented)", describe_move(&moved));
+            }
+            outcome.leader_moves.push(moved);
+            continue;
+        }
+        let d = etcd.defragment_in(&snap, next.id).await?;
+        if output == Output::Text {
+            println!("defragmented {}", d.describe());
+        }
+        outcome.defragmented.push(d);
+    }
+    Err(EtcdError::NotConfirmed {
+        what: "defragmentation of every member".into(),
+        after: std::time::Duration::ZERO,
+        last: "leadership kept returning to a member still to defragment".into(),
+    }
+    .into())
+}
+
+fn describe_compaction(c: &Compacted) -> String {
+    if c.already {
+        format!(
+            "the history is compacted to revision {} already; nothing to do",
+            c.revision
+        )
+    } else {
+        format!(
+            "compacted the history to revision {} (request sent to {}, {} ms); `etcd defrag` gives the freed pages back",
+            c.revision, c.via, c.elapsed_ms
+        )
+    }
+}
+
+fn describe_disarm(d: &Disarmed) -> String {
+    if d.members.is_empty() {
+        format!("no NOSPACE alarm was raised; {}", d.room)
+    } else {
+        format!("disarmed NOSPACE on {}: {}", d.members.join(", "), d.room)
+    }
 }
 
 fn resolve(snap: &MembershipSnapshot, arg: &'static str, given: &str) -> Result<u64, CliError> {
@@ -321,6 +471,12 @@ struct MemberJson {
     raft_term: Option<u64>,
     raft_index: Option<u64>,
     db_size: Option<i64>,
+    db_size_in_use: Option<i64>,
+    /// Its quota: its own (etcd >= 3.6), else `--quota-backend-bytes`.
+    quota: Option<u64>,
+    quota_source: &'static str,
+    /// 1 - dbSizeInUse / dbSize.
+    fragmentation: Option<f64>,
     version: Option<String>,
 }
 
@@ -336,16 +492,18 @@ struct QuorumJson {
     summary: String,
 }
 
-impl From<&MembershipSnapshot> for StatusJson {
-    fn from(snap: &MembershipSnapshot) -> Self {
+impl StatusJson {
+    fn of(snap: &MembershipSnapshot, quota: &ConfiguredQuota) -> Self {
         let q = snap.assess_cluster();
+        let space = snap.space(quota);
         StatusJson {
             cluster_id: format!("{:016x}", snap.cluster_id),
             leader: snap.leader_member().map(|m| m.label()),
             members: snap
                 .members
                 .iter()
-                .map(|m| MemberJson {
+                .zip(&space.members)
+                .map(|(m, sp)| MemberJson {
                     id: format!("{:016x}", m.id),
                     name: m.name.clone(),
                     peer_urls: m.peer_urls.clone(),
@@ -358,6 +516,10 @@ impl From<&MembershipSnapshot> for StatusJson {
                     raft_term: m.status.as_ref().map(|s| s.raft_term),
                     raft_index: m.status.as_ref().map(|s| s.raft_index),
                     db_size: m.status.as_ref().map(|s| s.db_size),
+                    db_size_in_use: m.status.as_ref().map(|s| s.db_size_in_use),
+                    quota: sp.quota,
+                    quota_source: sp.quota_source.as_str(),
+                    fragmentation: sp.sizes.map(|s| s.fragmentation()),
                     version: m.status.as_ref().map(|s| s.version.clone()),
                 })
                 .collect(),
@@ -373,17 +535,19 @@ impl From<&MembershipSnapshot> for StatusJson {
     }
 }
 
-fn print_status(snap: &MembershipSnapshot) {
+fn print_status(snap: &MembershipSnapshot, quota: &ConfiguredQuota) {
+    let space = snap.space(quota);
     println!(
         "cluster {:016x}, leader {}",
         snap.cluster_id,
         snap.leader_member()
             .map_or_else(|| "none".to_string(), |m| m.label())
     );
-    let rows: Vec<[String; 7]> = snap
+    let rows: Vec<[String; 10]> = snap
         .members
         .iter()
-        .map(|m| {
+        .zip(&space.members)
+        .map(|(m, sp)| {
             let role = match (snap.leader == Some(m.id), m.learner) {
                 (true, _) => "leader",
                 (false, true) => "learner",
@@ -393,10 +557,15 @@ fn print_status(snap: &MembershipSnapshot) {
                 None => "healthy".to_string(),
                 Some(reason) => format!("UNHEALTHY: {reason}"),
             };
-            let (raft, db) = m.status.as_ref().map_or(("-".into(), "-".into()), |s| {
+            let raft = m
+                .status
+                .as_ref()
+                .map_or("-".into(), |s| format!("{}/{}", s.raft_term, s.raft_index));
+            let (db, in_use, free) = sp.sizes.map_or(("-".into(), "-".into(), "-".into()), |s| {
                 (
-                    format!("{}/{}", s.raft_term, s.raft_index),
-                    format!("{:.1} MB", s.db_size as f64 / 1e6),
+                    bytes(s.db_size),
+                    bytes(s.in_use),
+                    format!("{:.0}%", s.fragmentation() * 100.0),
                 )
             });
             [
@@ -406,6 +575,9 @@ fn print_status(snap: &MembershipSnapshot) {
                 role.to_string(),
                 raft,
                 db,
+                in_use,
+                free,
+                sp.quota.map_or_else(|| "?".into(), bytes),
                 health,
             ]
         })
@@ -416,7 +588,10 @@ fn print_status(snap: &MembershipSnapshot) {
         "CLIENT URL",
         "ROLE",
         "TERM/INDEX",
-        "DB",
+        "DB SIZE",
+        "IN USE",
+        "FREE",
+        "QUOTA",
         "HEALTH",
     ]
     .map(String::from);
@@ -442,6 +617,22 @@ fn print_status(snap: &MembershipSnapshot) {
         println!("quorum: {cluster}");
     } else {
         println!("quorum lost: {cluster}");
+    }
+    if space.nospace {
+        let raised: Vec<String> = space
+            .members
+            .iter()
+            .filter(|m| m.nospace)
+            .map(|m| m.label.clone())
+            .collect();
+        println!(
+            "NOSPACE raised against {}: etcd refuses writes (every member reports the alarm, so each counts unhealthy above); recover with `etcd compact` when the in-use size is at the quota, `etcd defrag`, then `etcd alarm disarm`",
+            if raised.is_empty() {
+                "a member".to_string()
+            } else {
+                raised.join(", ")
+            }
+        );
     }
 }
 

@@ -100,6 +100,64 @@ pub struct RunArgs {
     /// Watch only this namespace (default: all).
     #[arg(long)]
     pub namespace: Option<String>,
+    #[command(flatten)]
+    pub etcd_space: EtcdSpaceArgs,
+    /// How long one defragmentation may take (about the time to copy a
+    /// member's live data).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub etcd_defrag_timeout: Duration,
+}
+
+/// etcd's space: `run` acts on it, `inspect` shows what `run` would do.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdSpaceArgs {
+    /// Keep the workload clusters' etcd below its quota: defragment members
+    /// one at a time when fragmented and big, and recover from NOSPACE
+    /// (compact when the in-use size is at the quota, defragment, disarm).
+    /// Off by default: sizes are reported (metrics, inspect) either way.
+    #[arg(long)]
+    pub etcd_space_care: bool,
+    /// With --etcd-space-care: defragment a member when at least this
+    /// fraction of its file is free (1 - dbSizeInUse/dbSize)...
+    #[arg(long, default_value_t = 0.5, value_parser = parse_fraction)]
+    pub etcd_defrag_fragmentation: f64,
+    /// ...and its file is at least this fraction of its quota.
+    #[arg(long, default_value_t = 0.5, value_parser = parse_fraction)]
+    pub etcd_defrag_quota_fraction: f64,
+    /// The room below its quota a member must have for NOSPACE to be
+    /// disarmed, as a fraction of the quota.
+    #[arg(long, default_value_t = 0.1, value_parser = parse_fraction)]
+    pub etcd_space_headroom: f64,
+    /// The workload clusters' etcd backend quota, for members that do not
+    /// report theirs (etcd < 3.6): bytes, or with Ki, Mi, Gi. k3s sets none,
+    /// so etcd's 2Gi applies; a control plane's annotation
+    /// controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes overrides it.
+    #[arg(long, default_value = "2Gi", value_parser = crate::space::parse_quota)]
+    pub etcd_quota_backend_bytes: u64,
+}
+
+impl EtcdSpaceArgs {
+    pub fn settings(&self) -> crate::space::SpaceSettings {
+        crate::space::SpaceSettings {
+            care: self.etcd_space_care,
+            thresholds: crate::space::Thresholds {
+                fragmentation: self.etcd_defrag_fragmentation,
+                quota_fraction: self.etcd_defrag_quota_fraction,
+                headroom: self.etcd_space_headroom,
+            },
+            default_quota: self.etcd_quota_backend_bytes,
+        }
+    }
+}
+
+/// A fraction between 0 and 1, e.g. `0.5`.
+pub fn parse_fraction(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not a fraction between 0 and 1 (e.g. 0.5)"
+        )),
+    }
 }
 
 /// `15s`, `1500ms`, `2m` or plain seconds.
@@ -279,11 +337,13 @@ pub async fn run(args: RunArgs) -> ExitCode {
         concurrency: args.concurrency,
         secret_refresh: args.secret_refresh,
         max_chained_steps: args.max_chained_steps,
+        etcd_space: args.etcd_space.settings(),
         ..Settings::default()
     };
-    let etcd_pool = EtcdPool::with_timeouts(crate::etcd::Timeouts::for_election_timeout(
-        args.etcd_election_timeout,
-    ));
+    let etcd_pool = EtcdPool::with_timeouts(crate::etcd::Timeouts {
+        defrag: args.etcd_defrag_timeout,
+        ..crate::etcd::Timeouts::for_election_timeout(args.etcd_election_timeout)
+    });
     match election {
         None => {
             probes.set_leadership("leader election disabled: this process acts");
@@ -360,6 +420,38 @@ mod tests {
         assert_eq!(args.leader_election_lease_duration, Duration::from_secs(3));
         assert_eq!(args.leader_election_renew_deadline, Duration::from_secs(2));
         assert_eq!(args.leader_election_namespace, "ops");
+    }
+
+    #[test]
+    fn etcd_space_care_is_off_by_default_with_etcds_quota_and_fractions_are_checked() {
+        let args = parse(&[]).unwrap();
+        let space = args.etcd_space.settings();
+        assert!(!space.care);
+        assert_eq!(space.default_quota, crate::space::DEFAULT_QUOTA_BYTES);
+        assert_eq!(space.thresholds, crate::space::Thresholds::default());
+        assert_eq!(args.etcd_defrag_timeout, Duration::from_secs(300));
+        let args = parse(&[
+            "--etcd-space-care",
+            "--etcd-quota-backend-bytes=8Gi",
+            "--etcd-defrag-fragmentation=0.3",
+            "--etcd-defrag-quota-fraction",
+            "0.25",
+            "--etcd-space-headroom=0.2",
+        ])
+        .unwrap();
+        let space = args.etcd_space.settings();
+        assert!(space.care);
+        assert_eq!(space.default_quota, 8 << 30);
+        assert_eq!(
+            space.thresholds,
+            crate::space::Thresholds {
+                fragmentation: 0.3,
+                quota_fraction: 0.25,
+                headroom: 0.2,
+            }
+        );
+        assert!(parse(&["--etcd-defrag-fragmentation=1.5"]).is_err());
+        assert!(parse(&["--etcd-quota-backend-bytes=8GB"]).is_err());
     }
 
     #[test]

@@ -17,8 +17,9 @@ use crate::api::names::{
     UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
 };
 use crate::api::{KThreesControlPlane, Machine};
-use crate::etcd::EtcdCluster;
+use crate::etcd::{EtcdCluster, LeaderMove};
 use crate::remediation::steps::{Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value};
+use crate::space::SpaceStep;
 
 use super::context::Context;
 use super::create::create_machine;
@@ -89,6 +90,10 @@ pub async fn act(
                 &note,
             )
             .await;
+            return Ok(outcome);
+        }
+        Action::EtcdSpace { step } => {
+            act_on_space(ctx, world, plan, step, etcd).await?;
             return Ok(outcome);
         }
         Action::Step { removal, step } => (removal, step),
@@ -273,6 +278,110 @@ pub async fn act(
     }
     info!(step = %step_name, machine = %removal.machine, "{note}");
     Ok(outcome)
+}
+
+/// Take one step on etcd's space and publish it as an Event with the numbers.
+async fn act_on_space(
+    ctx: &Context,
+    world: &World,
+    plan: &Plan,
+    step: &SpaceStep,
+    etcd: Option<Arc<EtcdCluster>>,
+) -> Result<()> {
+    let name = format!("etcd-{}", step.name());
+    let etcd = require_etcd(&etcd, world, &name)?;
+    let failed = |source| Error::Etcd {
+        step: name.clone(),
+        source,
+    };
+    let rule = &plan.rule;
+    let started = Instant::now();
+    let (reason, note) = match step {
+        SpaceStep::Defragment { member, .. } => {
+            let done = etcd.defragment(*member).await.map_err(failed)?;
+            ctx.metrics.etcd_operation("defragment", started.elapsed());
+            (
+                "EtcdDefragmented",
+                format!("defragmented etcd member {} ({rule})", done.describe()),
+            )
+        }
+        SpaceStep::MoveLeader { from, label } => {
+            let moved = etcd.move_leader_for_space(*from).await.map_err(failed)?;
+            ctx.metrics.etcd_operation("move_leader", started.elapsed());
+            let to = match &moved {
+                LeaderMove::Moved { to, .. } => to.clone(),
+                LeaderMove::NotLeader { leader, .. } => {
+                    leader.clone().unwrap_or_else(|| "none".into())
+                }
+            };
+            (
+                "EtcdLeadershipMoved",
+                format!(
+                    "moved etcd leadership from {label} to {to}, so that {label} can be defragmented: {} ({rule})",
+                    plan.message
+                ),
+            )
+        }
+        SpaceStep::Compact { .. } => {
+            let done = etcd.compact().await.map_err(failed)?;
+            ctx.metrics.etcd_operation("compact", started.elapsed());
+            let what = if done.already {
+                format!(
+                    "the etcd history was compacted to revision {} already",
+                    done.revision
+                )
+            } else {
+                format!(
+                    "compacted the etcd history to revision {} (through {}, {} ms)",
+                    done.revision, done.via, done.elapsed_ms
+                )
+            };
+            (
+                "EtcdCompacted",
+                format!("{what}: {} ({rule})", plan.message),
+            )
+        }
+        SpaceStep::DisarmNospace => {
+            let quota = crate::decision::space::configured_quota(world);
+            let done = etcd
+                .disarm_nospace(&quota, &world.etcd_space.thresholds)
+                .await
+                .map_err(failed)?;
+            ctx.metrics
+                .etcd_operation("disarm_nospace", started.elapsed());
+            (
+                "EtcdAlarmDisarmed",
+                format!(
+                    "disarmed NOSPACE on {}: {} ({rule})",
+                    if done.members.is_empty() {
+                        "no member (none had it any more)".to_string()
+                    } else {
+                        done.members.join(", ")
+                    },
+                    done.room
+                ),
+            )
+        }
+    };
+    ctx.metrics.etcd_space_step(step.name());
+    info!(step = %name, "{note}");
+    // About a member's Machine, when it has one, so that each member's
+    // step is an Event of its own (the recorder folds Events of one reason
+    // and related object into one series).
+    let member = match step {
+        SpaceStep::Defragment { member, .. } => Some(*member),
+        SpaceStep::MoveLeader { from, .. } => Some(*from),
+        SpaceStep::Compact { .. } | SpaceStep::DisarmNospace => None,
+    };
+    let related = member
+        .and_then(|id| {
+            plan.mapping
+                .as_ref()
+                .and_then(|m| m.pairs.iter().find(|p| p.member.id == id))
+        })
+        .map(|p| machine_ref(&world.kcp.namespace().unwrap_or_default(), &p.machine));
+    publish_about(ctx, &world.kcp, EventType::Normal, reason, &note, related).await;
+    Ok(())
 }
 
 /// cluster-api-k3s's hook (its key with its value) is on `machine` as observed.

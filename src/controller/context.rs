@@ -52,6 +52,9 @@ pub struct Settings {
     /// back after its first, each on a fresh read (zero: one step per
     /// reconcile).
     pub max_chained_steps: u32,
+    /// `run --etcd-space-care` (off by default), its thresholds and
+    /// `--etcd-quota-backend-bytes`.
+    pub etcd_space: crate::space::SpaceSettings,
 }
 
 impl Default for Settings {
@@ -70,6 +73,7 @@ impl Default for Settings {
             concurrency: 10,
             max_chained_steps: 8,
             secret_refresh: Duration::from_secs(30 * 60),
+            etcd_space: crate::space::SpaceSettings::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! Counters get their `_total` suffix from prometheus-client itself.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -54,6 +55,20 @@ pub struct CertificateLabels {
     pub certificate: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    /// `<namespace>/<cluster>`.
+    pub cluster: String,
+    /// The etcd member's name (its id while unnamed).
+    pub member: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SpaceStepLabels {
+    /// defragment, move-leader, compact, disarm-nospace.
+    pub step: String,
+}
+
 /// Every metric the controller exports, registered in one registry.
 #[derive(Clone)]
 pub struct Metrics {
@@ -87,6 +102,19 @@ pub struct Metrics {
     /// Which certificate series each cluster has, to drop those of Machines gone.
     certificate_series:
         std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<CertificateLabels>>>>,
+    /// Each member's backend file (`dbSize`), only while etcd was read.
+    pub etcd_db_size: Family<MemberLabels, Gauge>,
+    /// What is in use of it (`dbSizeInUse`).
+    pub etcd_db_in_use: Family<MemberLabels, Gauge>,
+    /// Its quota (reported, the annotation's, or the default).
+    pub etcd_quota: Family<MemberLabels, Gauge>,
+    /// 1 while a NOSPACE alarm is raised in the cluster, else 0.
+    pub etcd_nospace: Family<ClusterLabels, Gauge>,
+    /// Steps taken on etcd's space (`run --etcd-space-care`).
+    pub etcd_space_steps: Family<SpaceStepLabels, Counter>,
+    /// The members each cluster's space series were last set for, so that a
+    /// member gone takes its series with it.
+    space_members: std::sync::Arc<std::sync::Mutex<HashMap<String, Vec<String>>>>,
 }
 
 impl Metrics {
@@ -110,6 +138,12 @@ impl Metrics {
             etcd_healthy_voters: Family::default(),
             certificate_expiry: Family::default(),
             certificate_series: Default::default(),
+            etcd_db_size: Family::default(),
+            etcd_db_in_use: Family::default(),
+            etcd_quota: Family::default(),
+            etcd_nospace: Family::default(),
+            etcd_space_steps: Family::default(),
+            space_members: Default::default(),
         };
         let sub = registry.sub_registry_with_prefix("k3scp");
         sub.register(
@@ -182,7 +216,97 @@ impl Metrics {
             "Healthy voting etcd members; absent while etcd is unknown",
             metrics.etcd_healthy_voters.clone(),
         );
+        sub.register_with_unit(
+            "etcd_db_size",
+            "Each etcd member's backend file (dbSize, free pages included: what the quota is checked against); absent while etcd is unknown",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.etcd_db_size.clone(),
+        );
+        sub.register_with_unit(
+            "etcd_db_in_use",
+            "What is in use of each etcd member's backend file (dbSizeInUse: what a defragmentation leaves); absent while etcd is unknown",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.etcd_db_in_use.clone(),
+        );
+        sub.register_with_unit(
+            "etcd_quota",
+            "Each etcd member's backend quota (its own from etcd 3.6, else the control plane's annotation or --etcd-quota-backend-bytes); absent while unknown",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.etcd_quota.clone(),
+        );
+        sub.register(
+            "etcd_nospace",
+            "1 while a NOSPACE alarm is raised in the cluster's etcd (it refuses writes), else 0; absent while etcd is unknown",
+            metrics.etcd_nospace.clone(),
+        );
+        sub.register(
+            "etcd_space_steps",
+            "Steps taken on etcd's space with --etcd-space-care, by step",
+            metrics.etcd_space_steps.clone(),
+        );
         metrics
+    }
+
+    /// The space of `cluster`'s etcd as this reconcile's decision record
+    /// has it; `None` (etcd not read) removes its series, and a member no
+    /// longer listed loses its own.
+    pub fn etcd_space(&self, cluster: &str, space: Option<&crate::space::ClusterSpace>) {
+        let mut known = self.space_members.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = known.remove(cluster).unwrap_or_default();
+        let labels = |member: &str| MemberLabels {
+            cluster: cluster.to_string(),
+            member: member.to_string(),
+        };
+        let current: Vec<String> = space
+            .map(|s| s.members.iter().map(|m| m.label.clone()).collect())
+            .unwrap_or_default();
+        for gone in previous.iter().filter(|m| !current.contains(m)) {
+            for family in [&self.etcd_db_size, &self.etcd_db_in_use, &self.etcd_quota] {
+                family.remove(&labels(gone));
+            }
+        }
+        let cluster_labels = ClusterLabels {
+            cluster: cluster.to_string(),
+        };
+        let Some(space) = space else {
+            self.etcd_nospace.remove(&cluster_labels);
+            return;
+        };
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for m in &space.members {
+            let l = labels(&m.label);
+            match m.sizes {
+                Some(s) => {
+                    self.etcd_db_size.get_or_create(&l).set(gauge(s.db_size));
+                    self.etcd_db_in_use.get_or_create(&l).set(gauge(s.in_use));
+                }
+                None => {
+                    self.etcd_db_size.remove(&l);
+                    self.etcd_db_in_use.remove(&l);
+                }
+            }
+            match m.quota {
+                Some(q) => {
+                    self.etcd_quota.get_or_create(&l).set(gauge(q));
+                }
+                None => {
+                    self.etcd_quota.remove(&l);
+                }
+            }
+        }
+        self.etcd_nospace
+            .get_or_create(&cluster_labels)
+            .set(i64::from(space.nospace));
+        known.insert(cluster.to_string(), current);
+    }
+
+    /// A step taken on etcd's space.
+    pub fn etcd_space_step(&self, step: &str) {
+        self.etcd_space_steps
+            .get_or_create(&SpaceStepLabels {
+                step: step.to_string(),
+            })
+            .inc();
     }
 
     /// The quorum of `cluster` (`<namespace>/<cluster>`) as read this
@@ -260,6 +384,14 @@ impl Metrics {
         self.etcd_quorum_margin.clear();
         self.etcd_voters.clear();
         self.etcd_healthy_voters.clear();
+        self.etcd_db_size.clear();
+        self.etcd_db_in_use.clear();
+        self.etcd_quota.clear();
+        self.etcd_nospace.clear();
+        self.space_members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Drops every cluster's etcd series when the guard is dropped (the
@@ -271,6 +403,7 @@ impl Metrics {
     /// Remove every per-cluster series of `cluster` (its control plane is gone).
     pub fn forget_cluster(&self, cluster: &str) {
         self.etcd_quorum(cluster, None);
+        self.etcd_space(cluster, None);
         for t in ["direct", "port-forward"] {
             self.etcd_transport.remove(&EtcdTransportLabels {
                 cluster: cluster.to_string(),
@@ -414,5 +547,76 @@ mod tests {
         drop(metrics.forget_etcd_quorums_on_drop());
         let t = text(&registry);
         assert!(!t.contains("k3scp_etcd_quorum_margin{"), "{t}");
+    }
+
+    fn space(members: &[(&str, Option<(u64, u64)>)], nospace: bool) -> crate::space::ClusterSpace {
+        crate::space::ClusterSpace {
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(i, (label, sizes))| crate::space::MemberSpace {
+                    id: i as u64 + 1,
+                    label: label.to_string(),
+                    leader: i == 0,
+                    learner: false,
+                    sizes: sizes.map(|(db_size, in_use)| crate::space::Sizes { db_size, in_use }),
+                    quota: Some(2 << 30),
+                    quota_source: crate::space::QuotaSource::Default,
+                    problem: None,
+                    nospace: false,
+                })
+                .collect(),
+            nospace,
+            alarms_unknown: None,
+            quota_error: None,
+            history: None,
+            busy: None,
+        }
+    }
+
+    #[test]
+    fn etcd_space_gauges_per_member_gone_with_the_member_or_when_etcd_is_unknown() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.etcd_space(
+            "ns/a",
+            Some(&space(
+                &[("cp-0", Some((4096, 1024))), ("cp-1", Some((8192, 8192)))],
+                false,
+            )),
+        );
+        let t = text(&registry);
+        for line in [
+            "k3scp_etcd_db_size_bytes{cluster=\"ns/a\",member=\"cp-0\"} 4096",
+            "k3scp_etcd_db_in_use_bytes{cluster=\"ns/a\",member=\"cp-0\"} 1024",
+            "k3scp_etcd_db_size_bytes{cluster=\"ns/a\",member=\"cp-1\"} 8192",
+            "k3scp_etcd_quota_bytes{cluster=\"ns/a\",member=\"cp-1\"} 2147483648",
+            "k3scp_etcd_nospace{cluster=\"ns/a\"} 0",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
+        // cp-1 removed, cp-0's Status unanswered, NOSPACE raised.
+        metrics.etcd_space("ns/a", Some(&space(&[("cp-0", None)], true)));
+        let t = text(&registry);
+        assert!(!t.contains("member=\"cp-1\""), "{t}");
+        assert!(
+            !t.contains("k3scp_etcd_db_size_bytes{cluster=\"ns/a\",member=\"cp-0\"}"),
+            "{t}"
+        );
+        assert!(
+            t.contains("k3scp_etcd_quota_bytes{cluster=\"ns/a\",member=\"cp-0\"} 2147483648"),
+            "{t}"
+        );
+        assert!(t.contains("k3scp_etcd_nospace{cluster=\"ns/a\"} 1"), "{t}");
+        // Unknown: no series at all.
+        metrics.etcd_space("ns/a", None);
+        let t = text(&registry);
+        assert!(!t.contains("cluster=\"ns/a\""), "{t}");
+        metrics.etcd_space_step("defragment");
+        assert!(
+            text(&registry).contains("k3scp_etcd_space_steps_total{step=\"defragment\"} 1"),
+            "{}",
+            text(&registry)
+        );
     }
 }

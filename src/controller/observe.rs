@@ -251,6 +251,8 @@ pub async fn observe_management(
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
+            etcd_space: ctx.settings.etcd_space,
+            etcd_history: None,
             now,
         };
         let read = ManagementRead {
@@ -339,6 +341,8 @@ pub async fn observe_management(
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
+            etcd_space: ctx.settings.etcd_space,
+            etcd_history: None,
             now,
         },
         ManagementRead {
@@ -357,6 +361,7 @@ pub struct WorkloadObservation {
     workload: WorkloadState,
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
+    etcd_history: Option<Result<crate::space::History, String>>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     handle: Option<Arc<EtcdCluster>>,
@@ -369,6 +374,7 @@ impl WorkloadObservation {
             workload: world.workload,
             etcd: world.etcd,
             etcd_transport: world.etcd_transport,
+            etcd_history: world.etcd_history,
             members_first_seen: world.members_first_seen,
             serving_certs: world.serving_certs,
             handle,
@@ -380,6 +386,7 @@ impl WorkloadObservation {
         world.workload = self.workload;
         world.etcd = self.etcd;
         world.etcd_transport = self.etcd_transport;
+        world.etcd_history = self.etcd_history;
         world.members_first_seen = self.members_first_seen;
         world.serving_certs = self.serving_certs;
         self.handle
@@ -394,6 +401,7 @@ impl WorkloadObservation {
             reason: NOT_READ.into(),
         };
         world.etcd_transport = None;
+        world.etcd_history = None;
         world.members_first_seen = Default::default();
         world.serving_certs = Default::default();
     }
@@ -628,5 +636,12 @@ async fn read_workload(
         }
     }
     world.etcd = etcd;
+    // Whether the history is compacted: read only when the space rule needs it.
+    world.etcd_history = None;
+    if crate::decision::space::needs_history(world)
+        && let (Some(handle), EtcdObservation::Observed(snapshot)) = (&handle, &world.etcd)
+    {
+        world.etcd_history = Some(handle.history(snapshot).await.map_err(|e| e.to_string()));
+    }
     Ok(handle)
 }

@@ -247,12 +247,14 @@ async fn decide_and_act(
                     reason: err.to_string(),
                 };
                 record_etcd_quorum(ctx, &world);
+                record_etcd_space(ctx, &world, None);
                 return Err(err);
             }
         },
     };
     record_etcd_quorum(ctx, &world);
     let decision = decide(&world, lifecycle);
+    record_etcd_space(ctx, &world, decision.etcd_space.as_ref());
     if let (Some(machine), Some(plan)) = (continuing, decision.planned())
         && decision.acts()
         && !matches!(&plan.action, Action::Step { removal, .. } if removal.machine == machine)
@@ -392,7 +394,7 @@ async fn act_on_plan(
                 workload,
             })
         }
-        Action::CreateMachine | Action::RemoveOrphan { .. } => {
+        Action::CreateMachine | Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => {
             Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
     }
@@ -410,6 +412,7 @@ async fn settle_lifecycle(
     let lifecycle = &decision.lifecycle;
     // etcd is not read on this path: no quorum series either.
     record_etcd_quorum(ctx, world);
+    record_etcd_space(ctx, world, None);
     let rule = decision.rule();
     tracing::Span::current().record("rule", rule.as_str());
     let applied = apply_lifecycle(ctx, world, lifecycle).await;
@@ -498,7 +501,7 @@ fn touches_etcd(action: &Action) -> bool {
                 Step::MoveLeadership { .. } | Step::RemoveMember { .. }
             )
         }
-        Action::RemoveOrphan { .. } => true,
+        Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
         Action::CreateMachine | Action::Wait | Action::Idle => false,
     }
 }
@@ -512,6 +515,20 @@ fn record_etcd_quorum(ctx: &Context, world: &World) {
             &format!("{namespace}/{cluster}"),
             crate::decision::status::etcd_status(world).as_ref(),
         );
+    }
+}
+
+/// The space gauges of this world's cluster, from the decision record (no
+/// series when etcd was not read).
+fn record_etcd_space(
+    ctx: &Context,
+    world: &World,
+    space: Option<&crate::decision::space::EtcdSpace>,
+) {
+    if let Some(cluster) = &world.cluster_name {
+        let namespace = world.kcp.namespace().unwrap_or_default();
+        ctx.metrics
+            .etcd_space(&format!("{namespace}/{cluster}"), space.map(|s| &s.cluster));
     }
 }
 
@@ -581,6 +598,21 @@ mod tests {
                 (true, true),
             ),
             (Action::CreateMachine, (true, false)),
+            (
+                Action::EtcdSpace {
+                    step: crate::space::SpaceStep::Defragment {
+                        member: 1,
+                        label: "m1".into(),
+                    },
+                },
+                (true, true),
+            ),
+            (
+                Action::EtcdSpace {
+                    step: crate::space::SpaceStep::DisarmNospace,
+                },
+                (true, true),
+            ),
             (
                 step(Step::AddHook {
                     machine: "cp-0".into(),

@@ -38,6 +38,9 @@ const fn warning(reason: &'static str) -> WaitEvent {
 
 /// The Event of a plan that waits under `rule`.
 pub fn wait_event(rule: &str) -> WaitEvent {
+    if let Some(why) = rule.strip_prefix("etcd-space.") {
+        return space_wait(why);
+    }
     if let Some((_, wait)) = rule.split_once(".wait.") {
         return removal_wait(wait);
     }
@@ -73,6 +76,16 @@ fn removal_wait(wait: &str) -> WaitEvent {
         Some(WaitReason::MachineGoing) => normal("WaitingForMachineDeletion"),
         Some(WaitReason::AnotherRemediation) => normal("WaitingForAnotherRemediation"),
         Some(_) | None => warning("RemovalBlocked"),
+    }
+}
+
+/// The space rule waits for a membership change to finish (Normal), or is
+/// blocked by something a person may have to fix: an unhealthy member, a
+/// quota or alarms unknown, not enough room (Warning).
+fn space_wait(why: &str) -> WaitEvent {
+    match why.strip_prefix("wait.") {
+        Some(_) => normal("EtcdSpaceWaiting"),
+        None => warning("EtcdSpaceBlocked"),
     }
 }
 
@@ -267,6 +280,25 @@ mod tests {
                 EventType::Warning,
                 "RemediationBlocked",
                 Some("refused"),
+            ),
+            // etcd's space: a membership change is waited for; the rest needs a person.
+            (
+                "etcd-space.wait.membership-change",
+                EventType::Normal,
+                "EtcdSpaceWaiting",
+                None,
+            ),
+            (
+                "etcd-space.blocked.unhealthy-member",
+                EventType::Warning,
+                "EtcdSpaceBlocked",
+                None,
+            ),
+            (
+                "etcd-space.blocked.not-enough-room",
+                EventType::Warning,
+                "EtcdSpaceBlocked",
+                None,
             ),
         ];
         for (rule, type_, reason, outcome) in cases {

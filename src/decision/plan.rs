@@ -4,6 +4,9 @@
 //! Order, as CAPI's KubeadmControlPlane: validate; finish the removal in flight
 //! (a Machine carrying our pre-terminate hook, or a recorded remediation);
 //! MHC remediation; then scale-down or scale-up towards `spec.replicas`.
+//! With `run --etcd-space-care`, etcd's space has its turn after the removals:
+//! recovering from NOSPACE before any scaling (the cluster refuses writes),
+//! routine defragmentation only when nothing else is to be done.
 
 use serde::Serialize;
 
@@ -19,6 +22,7 @@ use crate::remediation::scale_down::{
 use crate::remediation::steps::{Removal, RemovalKind, Step, next_step, resume};
 use crate::rollout::preflight;
 use crate::rollout::{RolloutDecision, RolloutStep, decide_rollout};
+use crate::space::SpaceDecision;
 
 use super::view::{ViewError, control_plane_view, mapping};
 use super::world::World;
@@ -37,6 +41,8 @@ pub enum Action {
         kind: &'static str,
         assessment: crate::quorum::Assessment,
     },
+    /// One step on etcd's space (`run --etcd-space-care`).
+    EtcdSpace { step: crate::space::SpaceStep },
     /// Nothing can be done now; the rule and message say why.
     Wait,
     /// Nothing to do.
@@ -100,6 +106,7 @@ impl Plan {
             Action::Step { step, .. } => step.name().to_string(),
             Action::CreateMachine => "create-machine".to_string(),
             Action::RemoveOrphan { .. } => "remove-orphan-member".to_string(),
+            Action::EtcdSpace { step } => format!("etcd-{}", step.name()),
             Action::Wait => "wait".to_string(),
             Action::Idle => "idle".to_string(),
         };
@@ -119,7 +126,8 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     let observed = super::view::observed_expiries(world, mapping.as_ref());
     let outdated =
         crate::rollout::outdated_machines(&desired, &world.machines, &observed, world.now);
-    plan_on(world, mapping, &outdated)
+    let space = super::space::etcd_space(world);
+    plan_on(world, mapping, &outdated, space.as_ref())
 }
 
 /// Decide the next action for `world`, whose membership maps to its Machines
@@ -128,6 +136,7 @@ pub fn plan_on(
     world: &World,
     mapping: Option<MembershipMap>,
     outdated: &crate::rollout::OutdatedMachines,
+    space: Option<&super::space::EtcdSpace>,
 ) -> Result<Plan, Refusal> {
     validate_kcp(&world.kcp).map_err(Refusal::Invalid)?;
     let machine_versions: Vec<(&str, Option<&str>)> = world
@@ -168,7 +177,8 @@ pub fn plan_on(
         .kcp
         .max_surge()
         .unwrap_or(crate::api::kcp::DEFAULT_MAX_SURGE);
-    let (action, rule, message) = choose(&view, &remediation, &orphans, max_surge);
+    let space = space.and_then(|s| s.decision.as_ref());
+    let (action, rule, message) = choose(&view, &remediation, &orphans, space, max_surge);
     Ok(Plan {
         view,
         mapping,
@@ -244,12 +254,33 @@ fn orphan_input(world: &World, mapping: Option<&MembershipMap>) -> OrphanInput {
     }
 }
 
+/// The space rule's verdict as the plan's action: a step, or a wait (a
+/// refusal waits too, with its Warning); nothing when all is fine.
+fn space_action(space: &SpaceDecision) -> Option<(Action, String, String)> {
+    match space {
+        SpaceDecision::Fine { .. } => None,
+        SpaceDecision::Act { step, message, .. } => Some((
+            Action::EtcdSpace { step: step.clone() },
+            space.rule(),
+            message.clone(),
+        )),
+        SpaceDecision::Blocked { message, .. } => {
+            Some((Action::Wait, space.rule(), message.clone()))
+        }
+    }
+}
+
 fn choose(
     view: &ControlPlaneView,
     remediation: &Decision,
     orphans: &OrphanDecision,
+    space: Option<&SpaceDecision>,
     max_surge: u32,
 ) -> (Action, String, String) {
+    // etcd out of space refuses every write: recovering goes before any
+    // scaling or rollout (removals in flight, orphans and a remediation that
+    // goes ahead come first).
+    let recovery = space.filter(|s| s.is_recovery()).and_then(space_action);
     // 0. A stale record (a Machine was created after it) is cleared before
     // anything is resumed from it: resuming would replace a machine whose
     // replacement already exists, or that was never ours.
@@ -318,6 +349,9 @@ fn choose(
             return (action, rule, format!("{}; {message}", remediation.message));
         }
         Outcome::Wait { .. } | Outcome::Skip { .. } => {
+            if let Some(recovery) = recovery {
+                return recovery;
+            }
             // Like upstream, a refused remediation does not block scaling; but
             // an unhealthy machine fails scale-down's preflight anyway.
             let (action, scale_rule, scale_message) = scale(view, max_surge);
@@ -328,8 +362,19 @@ fn choose(
         }
         Outcome::Idle => {}
     }
-    // 4. Roll out outdated machines, or scale towards spec.replicas.
-    scale(view, max_surge)
+    // 4. etcd out of space.
+    if let Some(recovery) = recovery {
+        return recovery;
+    }
+    // 5. Roll out outdated machines, or scale towards spec.replicas.
+    let scaled = scale(view, max_surge);
+    // 6. Routine defragmentation, when there is nothing else to do.
+    if matches!(scaled.0, Action::Idle)
+        && let Some(maintenance) = space.and_then(space_action)
+    {
+        return maintenance;
+    }
+    scaled
 }
 
 /// A removal picked by the scale-down rules, as the plan's action; `rule`

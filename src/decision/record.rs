@@ -53,6 +53,10 @@ pub struct Decision {
     pub status: KThreesControlPlaneStatus,
     /// The conditions we own on each Machine, by Machine name (with a plan only).
     pub machine_conditions: Vec<(String, MachineConditions)>,
+    /// etcd's space: every member's sizes against its quota and, with
+    /// `run --etcd-space-care`, the space rule's verdict (absent while etcd
+    /// is not observed).
+    pub etcd_space: Option<super::space::EtcdSpace>,
 }
 
 /// The Event a decision publishes when the status it implies is new.
@@ -86,13 +90,15 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
     let certificates = expiries(&world.machines, &observed);
     let outdated = outdated_machines(&desired, &world.machines, &observed, world.now);
     let replicas = replicas(world, &outdated);
+    let etcd_space = super::space::etcd_space(world);
     let plan = matches!(lifecycle, Lifecycle::Proceed { .. })
-        .then(|| plan_on(world, mapping.clone(), &outdated));
+        .then(|| plan_on(world, mapping.clone(), &outdated, etcd_space.as_ref()));
     let mut status = kcp_status(
         world,
         &lifecycle,
         plan.as_ref().map(|p| p.as_ref()),
         &replicas,
+        etcd_space.as_ref(),
     );
     if !matches!(lifecycle, Lifecycle::Paused { .. }) {
         let condition = certificates_condition(
@@ -137,6 +143,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         plan,
         status,
         machine_conditions,
+        etcd_space,
     }
 }
 
@@ -252,7 +259,10 @@ impl Decision {
             ),
             Some(Ok(plan)) => matches!(
                 plan.action,
-                Action::Step { .. } | Action::CreateMachine | Action::RemoveOrphan { .. }
+                Action::Step { .. }
+                    | Action::CreateMachine
+                    | Action::RemoveOrphan { .. }
+                    | Action::EtcdSpace { .. }
             ),
             Some(Err(_)) => false,
         }
@@ -331,6 +341,8 @@ mod tests {
             serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
     }

@@ -23,6 +23,9 @@ use crate::lifecycle::Lifecycle;
 
 pub const ETCD_CLUSTER_HEALTHY: &str = "EtcdClusterHealthy";
 pub const ETCD_MEMBER_HEALTHY: &str = "EtcdMemberHealthy";
+/// With `run --etcd-space-care`: whether etcd has room (False while NOSPACE
+/// is raised), and what the space rule does or why it cannot.
+pub const ETCD_SPACE_HEALTHY: &str = "EtcdSpaceHealthy";
 pub const SPEC_VALID: &str = "SpecValid";
 /// A Machine's condition: made from the current spec (CAPI v1beta2).
 pub const UP_TO_DATE: &str = "UpToDate";
@@ -68,6 +71,7 @@ pub fn kcp_status(
     lifecycle: &Lifecycle,
     plan: Option<std::result::Result<&Plan, &Refusal>>,
     counts: &Replicas,
+    space: Option<&super::space::EtcdSpace>,
 ) -> KThreesControlPlaneStatus {
     let kcp = &world.kcp;
     let generation = kcp.metadata.generation;
@@ -132,6 +136,14 @@ pub fn kcp_status(
     }
     let ok_plan = plan.and_then(|p| p.ok());
     conditions::set(conds, etcd_cluster_condition(world, ok_plan, generation));
+    match etcd_space_condition(world, space, generation) {
+        Some(c) => {
+            conditions::set(conds, c);
+        }
+        None => {
+            conditions::remove(conds, ETCD_SPACE_HEALTHY);
+        }
+    }
     match plan {
         Some(Ok(plan)) => {
             conditions::set(conds, remediating_condition(plan, generation));
@@ -224,6 +236,50 @@ fn remediating_condition(plan: &Plan, generation: Option<i64>) -> Condition {
         );
     }
     from_value(&plan.remediation.kcp_remediating(), generation)
+}
+
+/// `EtcdSpaceHealthy`, with `run --etcd-space-care` only (absent without):
+/// False while NOSPACE is raised, with what the space rule does or why it
+/// cannot; True otherwise, its reason saying whether a routine
+/// defragmentation runs or waits; Unknown while etcd is not read.
+fn etcd_space_condition(
+    world: &World,
+    space: Option<&super::space::EtcdSpace>,
+    generation: Option<i64>,
+) -> Option<Condition> {
+    use crate::space::SpaceDecision;
+    if !world.etcd_space.care {
+        return None;
+    }
+    let Some(decision) = space.and_then(|s| s.decision.as_ref()) else {
+        return Some(condition(
+            ETCD_SPACE_HEALTHY,
+            None,
+            "EtcdNotRead",
+            "etcd was not read this time (see EtcdClusterHealthy)",
+            generation,
+        ));
+    };
+    let recovery = decision.is_recovery();
+    let reason = match decision {
+        SpaceDecision::Fine { .. } => "Healthy",
+        SpaceDecision::Act { .. } if recovery => "RecoveringFromNoSpace",
+        SpaceDecision::Act { .. } => "Defragmenting",
+        SpaceDecision::Blocked { .. } if recovery => "NoSpace",
+        SpaceDecision::Blocked { why, .. } if why.is_wait() => "DefragmentationWaiting",
+        SpaceDecision::Blocked { .. } => "DefragmentationBlocked",
+    };
+    let message = match decision {
+        SpaceDecision::Fine { message } => message.clone(),
+        other => other.to_string(),
+    };
+    Some(condition(
+        ETCD_SPACE_HEALTHY,
+        Some(!recovery),
+        reason,
+        message,
+        generation,
+    ))
 }
 
 fn etcd_cluster_condition(
@@ -489,6 +545,9 @@ mod tests {
                 raft_index: 10,
                 raft_applied_index: 10,
                 db_size: 1,
+                db_size_in_use: 1,
+                db_size_quota: 0,
+                revision: 0,
                 version: "3.4.23".into(),
                 errors: vec![],
                 is_learner: false,
@@ -524,6 +583,8 @@ mod tests {
             serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
     }
@@ -551,7 +612,7 @@ mod tests {
                 world.now,
             ),
         );
-        kcp_status(world, &lifecycle, None, &counts)
+        kcp_status(world, &lifecycle, None, &counts, None)
     }
 
     #[test]
@@ -629,6 +690,7 @@ mod tests {
                     w.now,
                 ),
             ),
+            None,
         );
         assert_eq!(paused.etcd, None);
     }

@@ -447,6 +447,8 @@ mod tests {
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
     }
@@ -468,6 +470,9 @@ mod tests {
                     raft_index: 10,
                     raft_applied_index: 10,
                     db_size: 20_480,
+                    db_size_in_use: 20_480,
+                    db_size_quota: 0,
+                    revision: 0,
                     version: "3.4.23".into(),
                     errors: vec![],
                     is_learner: false,

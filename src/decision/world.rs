@@ -65,6 +65,11 @@ pub struct World {
     /// How long a server's Node may show embedded etcd without a member
     /// before that counts as an unhealthy member (a restart rejoining).
     pub member_missing_grace: std::time::Duration,
+    /// `run --etcd-space-care` and its thresholds, the default quota.
+    pub etcd_space: crate::space::SpaceSettings,
+    /// Whether the history is compacted to the current revision, read only
+    /// when the space rule needs it ([`super::space::needs_history`]).
+    pub etcd_history: Option<Result<crate::space::History, String>>,
     pub now: DateTime<Utc>,
 }
 

@@ -37,11 +37,18 @@ pub struct Timeouts {
     /// election to settle: its call waits at least two of them, and the
     /// confirmations at least three, whatever `call` and `confirm` say.
     pub election: Duration,
+    /// One defragmentation: etcd answers once the member's backend is
+    /// rewritten, which takes about as long as copying its live data.
+    pub defrag: Duration,
 }
 
 /// k3s runs its embedded etcd with a 5000 ms election timeout and a 500 ms
 /// heartbeat (k3s `pkg/etcd/etcd.go`, the `ETCDConfig` it starts etcd with).
 pub const K3S_ELECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one defragmentation may take (etcd 3.4 rewrote about 1 GB of live
+/// data in tens of seconds on a slow disk; 2 GiB, the default quota, fits).
+pub const DEFAULT_DEFRAG_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Default for Timeouts {
     fn default() -> Self {
@@ -58,6 +65,7 @@ impl Timeouts {
             probe: Duration::from_secs(2),
             confirm: Duration::from_secs(15),
             election,
+            defrag: DEFAULT_DEFRAG_TIMEOUT,
         }
     }
 

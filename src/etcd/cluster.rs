@@ -223,6 +223,9 @@ impl EtcdCluster {
                 raft_index: response.raft_index(),
                 raft_applied_index: response.raft_applied_index(),
                 db_size: response.db_size(),
+                db_size_in_use: response.raft_used_db_size(),
+                db_size_quota: response.db_size_quota(),
+                revision: response.header().map_or(0, |h| h.revision()),
                 version: response.version().to_string(),
                 errors: response.errors().to_vec(),
                 is_learner: response.is_learner(),
@@ -310,7 +313,7 @@ impl EtcdCluster {
             .collect()
     }
 
-    async fn alarms(
+    pub(crate) async fn alarms(
         &self,
         endpoint: &EtcdEndpoint,
         limit: std::time::Duration,
@@ -488,6 +491,19 @@ enum Read {
 }
 
 impl Probe {
+    pub(crate) fn status(&self) -> &MemberStatus {
+        &self.status
+    }
+
+    /// Why the linearizable read was not served (`None`: served, or a
+    /// learner, which is not asked).
+    pub(crate) fn read_error(&self) -> Option<&str> {
+        match &self.read {
+            Read::Failed(why) => Some(why),
+            Read::Served | Read::NotAsked => None,
+        }
+    }
+
     fn served_read(&self) -> bool {
         matches!(self.read, Read::Served)
     }
@@ -528,6 +544,9 @@ mod tests {
                 raft_index: 10,
                 raft_applied_index: 10,
                 db_size: 0,
+                db_size_in_use: 0,
+                db_size_quota: 0,
+                revision: 0,
                 version: "3.4.23".into(),
                 errors: vec![],
                 is_learner: false,

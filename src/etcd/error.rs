@@ -93,6 +93,11 @@ pub enum EtcdError {
     #[error("quorum lost: {assessment}")]
     QuorumLost { assessment: Box<Assessment> },
 
+    /// A step on etcd's space refused by its guard ([`crate::space`]), with
+    /// the numbers that refused it.
+    #[error("refusing to {action}: {reason}")]
+    SpaceRefused { action: String, reason: String },
+
     #[error("cannot read etcd alarms ({reason}); refusing to decide without them")]
     AlarmsUnknown { reason: String },
 

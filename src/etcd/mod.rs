@@ -10,6 +10,7 @@
 //! - [`snapshot`]: the observed membership and its quorum views.
 //! - [`ops`]: move leader, remove member, safe remove.
 //! - [`serving_certs`]: each member's serving certificate expiry, from our handshakes.
+//! - [`space`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space`].
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
 pub mod client;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod ops;
 pub mod serving_certs;
 pub mod snapshot;
+pub mod space;
 pub mod tls;
 pub mod transport;
 
@@ -26,5 +28,6 @@ pub use cluster::{EtcdCluster, ListedMember};
 pub use error::EtcdError;
 pub use ops::{LeaderMove, Removal, SafeRemoval};
 pub use snapshot::{MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id};
+pub use space::{Compacted, Defragmented, Disarmed};
 pub use tls::{ClientCertMinter, ClientCertSource, ClientIdentity, ClientTls, ServerCa, TlsError};
 pub use transport::{EtcdEndpoint, Transport};

@@ -62,7 +62,7 @@ pub struct SafeRemoval {
     pub removal: Removal,
 }
 
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 impl EtcdCluster {
     /// Move leadership off `target` (a member id). A no-op if it does not lead;
@@ -358,7 +358,7 @@ impl EtcdCluster {
 }
 
 /// Quorum lost in the cluster as it stands refuses any change, with the numbers.
-fn check_quorum(snap: &MembershipSnapshot) -> Result<(), EtcdError> {
+pub(crate) fn check_quorum(snap: &MembershipSnapshot) -> Result<(), EtcdError> {
     let cluster = snap.assess_cluster();
     if cluster.has_quorum() {
         Ok(())
@@ -393,7 +393,7 @@ fn check_transferee(member: &MemberSnapshot, target: u64) -> Result<(), EtcdErro
     }
 }
 
-fn listed(member: &MemberSnapshot) -> ListedMember {
+pub(crate) fn listed(member: &MemberSnapshot) -> ListedMember {
     ListedMember {
         id: member.id,
         name: member.name.clone(),

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::quorum::{self, Assessment, MemberView};
+use crate::space::{ClusterSpace, ConfiguredQuota, MemberSpace, QuotaSource, Sizes};
 
 /// What a member's own endpoint answered to `Status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -15,7 +16,15 @@ pub struct MemberStatus {
     pub raft_term: u64,
     pub raft_index: u64,
     pub raft_applied_index: u64,
+    /// The backend file, free pages included: what the quota is checked against.
     pub db_size: i64,
+    /// What is in use of it (`dbSizeInUse`, etcd >= 3.4): what a
+    /// defragmentation would leave.
+    pub db_size_in_use: i64,
+    /// The member's quota (`dbSizeQuota`), reported from etcd 3.6 on; 0 before.
+    pub db_size_quota: i64,
+    /// The store's revision (the response header's).
+    pub revision: i64,
     pub version: String,
     /// Errors the member reported about itself (e.g. "NOSPACE").
     pub errors: Vec<String>,
@@ -144,6 +153,110 @@ impl MembershipSnapshot {
     }
 }
 
+/// The alarm that fills the backend.
+pub const NOSPACE: &str = "NOSPACE";
+
+/// Whether an error a member reports in its `Status` is a `NOSPACE` alarm:
+/// etcd lists every active alarm of the cluster in every member's `Status`
+/// errors (`memberID:<id> alarm:NOSPACE `), so one full member makes every
+/// member report it.
+pub fn is_nospace_error(error: &str) -> bool {
+    error.contains("alarm:NOSPACE")
+}
+
+impl MembershipSnapshot {
+    /// Whether a `NOSPACE` alarm is active: listed against a member, or
+    /// reported in a member's `Status` errors.
+    pub fn nospace(&self) -> bool {
+        self.members.iter().any(|m| {
+            m.alarms.iter().any(|a| a == NOSPACE)
+                || m.status
+                    .as_ref()
+                    .is_some_and(|s| s.errors.iter().any(|e| is_nospace_error(e)))
+        })
+    }
+
+    /// The snapshot with `NOSPACE` left out of every member's reported errors
+    /// and alarms. Under `NOSPACE` every member reports the alarm, so every
+    /// voter counts unhealthy and quorum lost; that stays the verdict for
+    /// removals, but repairing the space needs the health apart from it: a
+    /// `NOSPACE` cluster still commits compactions, alarm changes and
+    /// leadership moves.
+    pub fn ignoring_nospace(&self) -> MembershipSnapshot {
+        let mut snap = self.clone();
+        for m in &mut snap.members {
+            m.alarms.retain(|a| a != NOSPACE);
+            if let Some(status) = m.status.as_mut() {
+                status.errors.retain(|e| !is_nospace_error(e));
+            }
+        }
+        snap
+    }
+
+    /// The cluster as the space rule sees it: each member's sizes from its
+    /// own `Status`, its quota (its own if it reports one, else `configured`),
+    /// its health apart from `NOSPACE`, and any learner or unstarted member as
+    /// a membership change in flight. The history is not read here.
+    pub fn space(&self, configured: &ConfiguredQuota) -> ClusterSpace {
+        let healthy_view = self.ignoring_nospace();
+        let configured_quota = configured.resolve();
+        let members = self
+            .members
+            .iter()
+            .zip(&healthy_view.members)
+            .map(|(m, h)| {
+                let reported = m.status.as_ref().map_or(0, |s| s.db_size_quota).max(0) as u64;
+                let (quota, quota_source) = if reported > 0 {
+                    (Some(reported), QuotaSource::Reported)
+                } else {
+                    match &configured_quota {
+                        Ok((q, source)) => (Some(*q), *source),
+                        Err(_) => (None, QuotaSource::Annotation),
+                    }
+                };
+                MemberSpace {
+                    id: m.id,
+                    label: m.label(),
+                    leader: self.leader == Some(m.id),
+                    learner: m.learner,
+                    sizes: m.status.as_ref().map(|s| Sizes {
+                        db_size: s.db_size.max(0) as u64,
+                        in_use: s.db_size_in_use.max(0) as u64,
+                    }),
+                    quota,
+                    quota_source,
+                    problem: h.unhealthy_reason(),
+                    nospace: m.alarms.iter().any(|a| a == NOSPACE),
+                }
+            })
+            .collect::<Vec<_>>();
+        let quota_error = match &configured_quota {
+            Err(why) if members.iter().any(|m| m.quota.is_none()) => Some(why.clone()),
+            _ => None,
+        };
+        let busy = self.members.iter().find_map(|m| {
+            if m.name.is_empty() {
+                Some(format!(
+                    "member {:016x} has been added but has not started",
+                    m.id
+                ))
+            } else if m.learner {
+                Some(format!("learner {} has not been promoted yet", m.name))
+            } else {
+                None
+            }
+        });
+        ClusterSpace {
+            nospace: self.nospace(),
+            members,
+            alarms_unknown: self.alarms_error.clone(),
+            quota_error,
+            history: None,
+            busy,
+        }
+    }
+}
+
 /// Parse a member id written as exactly 16 hex digits.
 pub fn parse_member_id(text: &str) -> Option<u64> {
     if text.len() == 16 && text.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -181,6 +294,9 @@ mod tests {
                 raft_index: index,
                 raft_applied_index: index,
                 db_size: 0,
+                db_size_in_use: 0,
+                db_size_quota: 0,
+                revision: 0,
                 version: "3.4.23".into(),
                 errors: vec![],
                 is_learner: false,
@@ -226,6 +342,99 @@ mod tests {
         let mut m = member(1, "a", 1);
         m.alarms = vec!["CORRUPT".into()];
         assert_eq!(m.unhealthy_reason().unwrap(), "alarm CORRUPT");
+    }
+
+    /// etcd 3.4 under NOSPACE: every member reports the alarm in its
+    /// `Status` errors, the full one also has it listed against it.
+    fn nospace_snapshot() -> MembershipSnapshot {
+        let mut members = vec![
+            member(1, "cp-0-00000001", 50),
+            member(2, "cp-1-00000002", 50),
+            member(3, "cp-2-00000003", 50),
+        ];
+        for m in &mut members {
+            let status = m.status.as_mut().unwrap();
+            status.errors = vec!["memberID:3 alarm:NOSPACE ".into()];
+            status.db_size = 4_000_000;
+            status.db_size_in_use = 1_000_000;
+        }
+        members[2].alarms = vec![NOSPACE.into()];
+        snapshot(members)
+    }
+
+    #[test]
+    fn nospace_makes_every_voter_unhealthy_but_not_for_the_space_rule() {
+        let snap = nospace_snapshot();
+        assert!(snap.nospace());
+        // Removals keep the conservative verdict.
+        assert!(!snap.assess_cluster().has_quorum());
+        // Repairing the space sees the health apart from NOSPACE.
+        let repaired = snap.ignoring_nospace();
+        assert!(repaired.assess_cluster().has_quorum());
+        assert!(repaired.members.iter().all(|m| m.is_healthy()));
+        let space = snap.space(&ConfiguredQuota::Default(4 << 20));
+        assert!(space.nospace);
+        assert_eq!(
+            space.members.iter().map(|m| m.nospace).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+        assert!(space.members.iter().all(|m| m.problem.is_none()));
+        assert!(space.members[0].leader);
+        assert_eq!(
+            space.members[2].sizes,
+            Some(Sizes {
+                db_size: 4_000_000,
+                in_use: 1_000_000
+            })
+        );
+        assert_eq!(space.members[2].quota, Some(4 << 20));
+        assert_eq!(space.members[2].quota_source, QuotaSource::Default);
+        assert_eq!(space.busy, None);
+    }
+
+    #[test]
+    fn other_alarms_and_errors_still_count_for_the_space_rule() {
+        let mut snap = nospace_snapshot();
+        snap.members[1].alarms = vec!["CORRUPT".into()];
+        snap.members[0]
+            .status
+            .as_mut()
+            .unwrap()
+            .errors
+            .push("etcdserver: no leader".into());
+        let space = snap.space(&ConfiguredQuota::Default(4 << 20));
+        assert_eq!(space.members[1].problem.as_deref(), Some("alarm CORRUPT"));
+        assert_eq!(
+            space.members[0].problem.as_deref(),
+            Some("reports errors: etcdserver: no leader")
+        );
+    }
+
+    #[test]
+    fn a_reported_quota_wins_and_a_bad_annotation_is_said() {
+        let mut snap = nospace_snapshot();
+        snap.members[0].status.as_mut().unwrap().db_size_quota = 8 << 30;
+        let space = snap.space(&ConfiguredQuota::Invalid("annotation x: \"big\"".into()));
+        assert_eq!(space.members[0].quota, Some(8 << 30));
+        assert_eq!(space.members[0].quota_source, QuotaSource::Reported);
+        assert_eq!(space.members[1].quota, None);
+        assert_eq!(space.quota_error.as_deref(), Some("annotation x: \"big\""));
+        let space = snap.space(&ConfiguredQuota::Annotation(1 << 30));
+        assert_eq!(space.members[1].quota_source, QuotaSource::Annotation);
+        assert_eq!(space.quota_error, None);
+    }
+
+    #[test]
+    fn a_learner_is_a_membership_change_in_flight() {
+        let mut learner = member(4, "cp-3-00000004", 50);
+        learner.learner = true;
+        let snap = snapshot(vec![member(1, "cp-0-00000001", 50), learner]);
+        let space = snap.space(&ConfiguredQuota::Default(1 << 30));
+        assert_eq!(
+            space.busy.as_deref(),
+            Some("learner cp-3-00000004 has not been promoted yet")
+        );
+        assert!(!space.nospace);
     }
 
     #[test]

@@ -620,6 +620,7 @@ impl EtcdTestCluster {
                 probe: Duration::from_secs(2),
                 confirm: Duration::from_secs(15),
                 election: Duration::from_millis(u64::from(opts.raft_timing.1)),
+                defrag: crate::etcd::client::DEFAULT_DEFRAG_TIMEOUT,
             },
         )?;
         let mut cluster = Self {
@@ -1053,6 +1054,135 @@ impl EtcdTestCluster {
             crate::etcd::tls::DEFAULT_MINTED_LIFETIME,
         )
         .expect("the generated CA can mint")
+    }
+
+    /// Write `key` = `value` through member `index` (the data a test needs:
+    /// the engine itself never writes keys).
+    pub async fn put(&self, index: usize, key: &str, value: Vec<u8>) -> Result<(), EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let key = key.to_string();
+        self.admin
+            .clients
+            .call(
+                &endpoint,
+                "put",
+                Duration::from_secs(10),
+                |mut c| async move { c.put(key, value, None).await },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// The value of `key`, read through member `index` (linearizable).
+    pub async fn get(&self, index: usize, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let key = key.to_string();
+        let response = self
+            .admin
+            .clients
+            .call(
+                &endpoint,
+                "get",
+                Duration::from_secs(10),
+                |mut c| async move { c.get(key, None).await },
+            )
+            .await?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// Member `index`'s own `Status` (its sizes, revision, leader).
+    pub async fn status(&self, index: usize) -> Result<crate::etcd::MemberStatus, EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let listed = crate::etcd::ListedMember {
+            id: member.id,
+            name: member.name.clone(),
+            peer_urls: vec![member.peer_url()],
+            client_urls: vec![member.client_url()],
+            learner: member.learner,
+        };
+        self.admin
+            .probe(&listed, Duration::from_secs(2))
+            .await
+            .map(|(_, status)| status)
+    }
+
+    /// Give every member `mib` MiB of live data and as much history (each
+    /// of `data-0`... written twice, 1 MiB a value), compact the history,
+    /// and write until the freed pages count as free: each member's file is
+    /// then about half free pages, ready to be defragmented.
+    pub async fn fill_fragmented(&self, mib: usize) -> Result<(), HarnessError> {
+        for round in 0..2u8 {
+            for i in 0..mib {
+                self.put(0, &format!("data-{i}"), vec![b'a' + round; 1024 * 1024])
+                    .await?;
+            }
+        }
+        self.admin.compact().await?;
+        // The pages a compaction frees count once the backend commits again.
+        let limit = Duration::from_secs(30);
+        let deadline = Instant::now() + limit;
+        loop {
+            self.put(0, "tick", b"x".to_vec()).await?;
+            let mut last = None;
+            for i in 0..self.members.len() {
+                let s = self.status(i).await?;
+                if s.db_size_in_use * 10 >= s.db_size * 7 {
+                    last = Some(format!(
+                        "{}: {} of {} bytes in use",
+                        self.members[i].name, s.db_size_in_use, s.db_size
+                    ));
+                }
+            }
+            let Some(last) = last else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: "compacted pages counted as free".into(),
+                    after: limit,
+                    last,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Overwrite `keys` keys (`fill-0`...) round-robin with `value_bytes`
+    /// of data through member `index` until etcd refuses a write with
+    /// `database space exceeded` (a real `NOSPACE`); the number of writes it
+    /// took. Most of what it writes is history: each overwrite keeps the
+    /// value before it until a compaction.
+    pub async fn fill_until_nospace(
+        &self,
+        index: usize,
+        keys: usize,
+        value_bytes: usize,
+        max_writes: usize,
+    ) -> Result<usize, HarnessError> {
+        for i in 0..max_writes {
+            let value = vec![b'a' + (i % 26) as u8; value_bytes];
+            match self
+                .put(index, &format!("fill-{}", i % keys.max(1)), value)
+                .await
+            {
+                Ok(()) => {}
+                Err(err) if err.to_string().contains("database space exceeded") => return Ok(i),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(HarnessError::Timeout {
+            what: "NOSPACE".into(),
+            after: Duration::ZERO,
+            last: format!("{max_writes} writes of {value_bytes} bytes were all accepted"),
+        })
     }
 
     /// A fresh engine handle on this cluster, seeded with every endpoint.

@@ -11,6 +11,7 @@ pub mod k3s_agent;
 pub mod pki;
 pub mod rollout;
 pub mod sandbox;
+pub mod space;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};
 pub use pki::{CertPair, TestCa, TestPki};

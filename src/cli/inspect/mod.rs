@@ -44,6 +44,11 @@ pub struct InspectArgs {
 
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+
+    /// What `run` is given about etcd's space: with `--etcd-space-care`, the
+    /// report says what the space rule would do next.
+    #[command(flatten)]
+    pub etcd_space: crate::cli::run::EtcdSpaceArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -177,8 +182,20 @@ pub fn init_logging_or(default: &str) {
 /// A read-only controller context on `client` (production settings; it is
 /// only used to observe).
 pub fn read_only_context(client: kube::Client) -> std::sync::Arc<Context> {
+    read_only_context_with(client, crate::space::SpaceSettings::default())
+}
+
+/// [`read_only_context`], deciding on etcd's space as `run` does with `space`.
+pub fn read_only_context_with(
+    client: kube::Client,
+    space: crate::space::SpaceSettings,
+) -> std::sync::Arc<Context> {
     let metrics = Metrics::register(&mut Registry::default());
-    Context::new(client, metrics, EtcdPool::default(), Settings::default())
+    let settings = Settings {
+        etcd_space: space,
+        ..Settings::default()
+    };
+    Context::new(client, metrics, EtcdPool::default(), settings)
 }
 
 /// What `inspect` prints: one report, or the namespace's lines.
@@ -226,7 +243,7 @@ async fn execute(args: &InspectArgs) -> Result<Printed, InspectError> {
     let client = management_client(args.kubeconfig.as_ref())
         .await
         .map_err(InspectError::Client)?;
-    let ctx = read_only_context(client);
+    let ctx = read_only_context_with(client, args.etcd_space.settings());
     match target {
         Target::One { namespace, name } => inspect(&ctx, &namespace, &name)
             .await

@@ -46,6 +46,12 @@ pub fn render_members(report: &Report) -> String {
                 } else {
                     m.alarms.join(",")
                 },
+                m.db_size.map_or_else(|| "-".into(), crate::space::bytes),
+                m.db_size_in_use
+                    .map_or_else(|| "-".into(), crate::space::bytes),
+                m.fragmentation
+                    .map_or_else(|| "-".into(), |f| format!("{:.0}%", f * 100.0)),
+                m.quota.map_or_else(|| "?".into(), crate::space::bytes),
                 m.machine.clone().unwrap_or_else(|| "(none)".into()),
                 m.node.clone().unwrap_or_else(|| "-".into()),
                 m.matched_by.map_or("-", match_rule_name).to_string(),
@@ -60,6 +66,10 @@ pub fn render_members(report: &Report) -> String {
             "LEARNER",
             "HEALTH",
             "ALARMS",
+            "DB SIZE",
+            "IN USE",
+            "FREE",
+            "QUOTA",
             "MACHINE",
             "NODE",
             "MATCHED BY",
@@ -105,6 +115,21 @@ pub fn render_text(report: &Report) -> String {
     }
     if let Some(reason) = &etcd.alarms_error {
         line(format!("etcd alarms: unknown ({reason})"));
+    }
+    if let Some(space) = &report.space {
+        line(format!(
+            "etcd space: quota {}{}",
+            space.quota,
+            if space.nospace {
+                "; NOSPACE raised: etcd refuses writes"
+            } else {
+                ""
+            }
+        ));
+        line(match (&space.rule, &space.message) {
+            (Some(rule), Some(message)) => format!("etcd space care: {message} ({rule})"),
+            _ => "etcd space care: off (run --etcd-space-care)".to_string(),
+        });
     }
     if !report.members.is_empty() {
         line(String::new());

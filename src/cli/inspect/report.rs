@@ -32,7 +32,23 @@ pub struct Report {
     pub replicas: ReplicasReport,
     /// The cluster as it stands (no removal); absent without a membership.
     pub quorum: Option<QuorumReport>,
+    /// etcd's space; absent without a membership.
+    pub space: Option<SpaceReport>,
     pub next: NextReport,
+}
+
+/// etcd's space as the decision record has it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpaceReport {
+    /// The quota of members that do not report theirs: `2.0 GiB (default)`,
+    /// `8.0 GiB (annotation)`, or why the annotation is not one.
+    pub quota: String,
+    /// A NOSPACE alarm is raised: etcd refuses writes.
+    pub nospace: bool,
+    /// `run --etcd-space-care`: the rule that fired (absent when off).
+    pub rule: Option<String>,
+    pub message: Option<String>,
 }
 
 /// The Machine counts of `status` (the controller's own count).
@@ -87,6 +103,14 @@ pub struct MemberRow {
     pub node: Option<String>,
     /// The mapping rule that paired it with its Machine.
     pub matched_by: Option<MatchRule>,
+    /// Its backend file (`dbSize`), when its `Status` answered.
+    pub db_size: Option<u64>,
+    /// What is in use of it (`dbSizeInUse`).
+    pub db_size_in_use: Option<u64>,
+    /// 1 - dbSizeInUse / dbSize.
+    pub fragmentation: Option<f64>,
+    /// Its quota (its own from etcd 3.6, else the annotation or the default).
+    pub quota: Option<u64>,
 }
 
 /// One control-plane Machine as remediation sees it.
@@ -279,6 +303,8 @@ impl Report {
                 .find(|n| n.etcd_member_name.as_deref() == Some(member))
                 .map(|n| n.name.clone())
         };
+        let space = decision.etcd_space.as_ref();
+        let member_space = |id: u64| space.and_then(|s| s.cluster.member(id));
         let members = snapshot
             .map(|snap| {
                 snap.members
@@ -300,6 +326,14 @@ impl Report {
                                 .or_else(|| node_of_member(&m.name)),
                             machine,
                             matched_by: pairing.map(|p| p.rule),
+                            db_size: member_space(m.id).and_then(|s| s.sizes).map(|s| s.db_size),
+                            db_size_in_use: member_space(m.id)
+                                .and_then(|s| s.sizes)
+                                .map(|s| s.in_use),
+                            fragmentation: member_space(m.id)
+                                .and_then(|s| s.sizes)
+                                .map(|s| s.fragmentation()),
+                            quota: member_space(m.id).and_then(|s| s.quota),
                         }
                     })
                     .collect::<Vec<_>>()
@@ -458,6 +492,20 @@ impl Report {
                     up_to_date: r.up_to_date,
                 }
             },
+            space: space.map(|s| SpaceReport {
+                quota: match &s.quota {
+                    crate::space::ConfiguredQuota::Default(q) => {
+                        format!("{} (default)", crate::space::bytes(*q))
+                    }
+                    crate::space::ConfiguredQuota::Annotation(q) => {
+                        format!("{} (annotation)", crate::space::bytes(*q))
+                    }
+                    crate::space::ConfiguredQuota::Invalid(why) => format!("unknown: {why}"),
+                },
+                nospace: s.cluster.nospace,
+                rule: s.decision.as_ref().map(|d| d.rule()),
+                message: s.decision.as_ref().map(|d| d.message().to_string()),
+            }),
             quorum: snapshot.map(|snap| {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
@@ -632,6 +680,9 @@ mod report_tests {
                 raft_index: 10,
                 raft_applied_index: 10,
                 db_size: 1,
+                db_size_in_use: 1,
+                db_size_quota: 0,
+                revision: 0,
                 version: "3.4.23".into(),
                 errors: vec![],
                 is_learner: false,
@@ -675,8 +726,77 @@ mod report_tests {
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
+            etcd_space: Default::default(),
+            etcd_history: None,
             now: chrono::Utc::now(),
         }
+    }
+
+    #[test]
+    fn each_members_sizes_and_what_space_care_would_do_are_shown() {
+        let mut w = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+                machine("m2", "cp-2", "10.0.0.3"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
+                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
+            ],
+            vec![
+                member(1, "cp-0-00000001", "10.0.0.1", 1),
+                member(2, "cp-1-00000002", "10.0.0.2", 1),
+                member(3, "cp-2-00000003", "10.0.0.3", 1),
+            ],
+        );
+        if let EtcdObservation::Observed(snap) = &mut w.etcd {
+            for m in &mut snap.members {
+                let s = m.status.as_mut().unwrap();
+                s.db_size = 8 << 20;
+                s.db_size_in_use = 2 << 20;
+                s.errors = vec!["memberID:3 alarm:NOSPACE ".into()];
+            }
+            snap.members[2].alarms = vec!["NOSPACE".into()];
+        }
+        w.kcp.metadata.annotations = Some(
+            [(
+                crate::api::names::ETCD_QUOTA_ANNOTATION.to_string(),
+                "8Mi".to_string(),
+            )]
+            .into(),
+        );
+        let report = Report::from_world(&w);
+        let text = render_text(&report);
+        assert!(
+            text.contains(
+                "etcd space: quota 8.0 MiB (annotation); NOSPACE raised: etcd refuses writes"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("etcd space care: off (run --etcd-space-care)"),
+            "{text}"
+        );
+        assert!(text.contains("DB SIZE  IN USE   FREE  QUOTA"), "{text}");
+        assert!(text.contains("8.0 MiB  2.0 MiB  75%   8.0 MiB"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["members"][0]["dbSize"], 8 << 20);
+        assert_eq!(json["members"][0]["dbSizeInUse"], 2 << 20);
+        assert_eq!(json["members"][0]["quota"], 8 << 20);
+        assert_eq!(json["space"]["nospace"], true);
+
+        // With space care, the record's verdict: the full follower first.
+        w.etcd_space.care = true;
+        let report = Report::from_world(&w);
+        assert_eq!(report.next.rule, "etcd-space.defragment");
+        assert_eq!(report.next.action.as_deref(), Some("etcd-defragment"));
+        let text = render_text(&report);
+        assert!(
+            text.contains("etcd space care: etcd is out of space (NOSPACE: it refuses writes): defragmenting cp-2-00000003"),
+            "{text}"
+        );
     }
 
     #[test]

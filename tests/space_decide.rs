@@ -1,0 +1,516 @@
+//! etcd's space in the decision record, as table tests named after the
+//! situation: three control-plane Machines with their Nodes and members
+//! (cp-0 leads), every member healthy with a 100 MiB quota unless a case
+//! changes that. What the plan does, the rule, `EtcdSpaceHealthy` and the
+//! Event of a wait.
+
+use std::net::IpAddr;
+
+use k3s_control_plane::api::{KThreesControlPlane, Machine};
+use k3s_control_plane::decision::plan::Action;
+use k3s_control_plane::decision::world::{EtcdObservation, WorkloadState, World};
+use k3s_control_plane::decision::{Decision, decide, decide_lifecycle};
+use k3s_control_plane::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+use k3s_control_plane::space::{History, SpaceSettings, SpaceStep, Thresholds};
+use k3s_control_plane::workload::ControlPlaneNode;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+const MIB: i64 = 1024 * 1024;
+
+fn kcp() -> KThreesControlPlane {
+    serde_json::from_value(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
+                     "finalizers": [k3s_control_plane::api::names::KCP_FINALIZER],
+                     "annotations": {"controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes": "100Mi"}},
+        "spec": {
+            "replicas": 3, "version": "v1.30.2+k3s2",
+            "machineTemplate": {"infrastructureRef": {
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"
+            }}
+        },
+        "status": {"initialized": true}
+    }))
+    .unwrap()
+}
+
+fn machine(i: u64) -> Machine {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": format!("m{i}"), "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {
+            "clusterName": "c",
+            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": format!("m{i}")}},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": format!("m{i}")},
+            "version": "v1.30.2+k3s2"
+        },
+        "status": {"nodeRef": {"name": format!("cp-{i}")},
+                   "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{}", i + 1)}]}
+    }))
+    .unwrap()
+}
+
+fn node(i: u64) -> ControlPlaneNode {
+    let ip = format!("10.0.0.{}", i + 1);
+    ControlPlaneNode {
+        name: format!("cp-{i}"),
+        etcd_member_name: Some(member_name(i)),
+        etcd_node_address: Some(ip.clone()),
+        etcd_role: true,
+        internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
+        addresses: vec![("InternalIP".into(), ip)],
+        ready: Some(true),
+        etcd_voter: None,
+        created: None,
+        deleting: false,
+    }
+}
+
+fn member_name(i: u64) -> String {
+    format!("cp-{i}-0000000{}", i + 1)
+}
+
+/// Member of Machine `m<i>` (id i + 1), `db` MiB of which `in_use` MiB in use.
+fn member(i: u64, db: i64, in_use: i64) -> MemberSnapshot {
+    let ip = format!("10.0.0.{}", i + 1);
+    MemberSnapshot {
+        id: i + 1,
+        name: member_name(i),
+        peer_urls: vec![format!("https://{ip}:2380")],
+        client_urls: vec![format!("https://{ip}:2379")],
+        learner: false,
+        status: Some(MemberStatus {
+            leader: 1,
+            raft_term: 2,
+            raft_index: 10,
+            raft_applied_index: 10,
+            db_size: db * MIB,
+            db_size_in_use: in_use * MIB,
+            db_size_quota: 0,
+            revision: 500,
+            version: "3.4.23".into(),
+            errors: vec![],
+            is_learner: false,
+        }),
+        probe_error: None,
+        alarms: vec![],
+    }
+}
+
+/// Space care on, every member 10 MiB of which 9 in use: nothing to do.
+fn world() -> World {
+    World {
+        kcp: kcp(),
+        cluster_name: Some("c".into()),
+        cluster: Some(
+            serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {},
+                "status": {"initialization": {"infrastructureProvisioned": true}}
+            }))
+            .unwrap(),
+        ),
+        machines: (0..3).map(machine).collect(),
+        foreign_machines: vec![],
+        workers: vec![],
+        secrets: settled_secrets(),
+        workload: WorkloadState::Nodes((0..3).map(node).collect()),
+        etcd: EtcdObservation::Observed(MembershipSnapshot {
+            cluster_id: 7,
+            leader: Some(1),
+            members: (0..3).map(|i| member(i, 10, 9)).collect(),
+            listed_by: "https://10.0.0.1:2379".into(),
+            alarms_error: None,
+        }),
+        members_first_seen: Default::default(),
+        serving_certs: Default::default(),
+        etcd_transport: None,
+        orphan_grace: std::time::Duration::from_secs(300),
+        member_missing_grace: std::time::Duration::from_secs(120),
+        etcd_space: SpaceSettings {
+            care: true,
+            thresholds: Thresholds::default(),
+            default_quota: 2 << 30,
+        },
+        etcd_history: None,
+        now: chrono::Utc::now(),
+    }
+}
+
+fn settled_secrets() -> k3s_control_plane::lifecycle::SecretsView {
+    use k3s_control_plane::lifecycle::{KubeconfigState, SecretState, SecretsView};
+    let valid = SecretState::Valid { owned: true };
+    SecretsView {
+        server_ca: valid.clone(),
+        client_ca: valid.clone(),
+        etcd_ca: valid.clone(),
+        token: valid,
+        kubeconfig: KubeconfigState::Present {
+            owned: false,
+            client_not_after: None,
+            server: None,
+            problem: None,
+        },
+        ..SecretsView::unobserved("c", chrono::Utc::now())
+    }
+}
+
+fn snapshot(w: &mut World) -> &mut MembershipSnapshot {
+    match &mut w.etcd {
+        EtcdObservation::Observed(s) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Member `i` at `db` MiB, `in_use` MiB of it in use.
+fn sized(w: &mut World, i: usize, db: i64, in_use: i64) {
+    let status = snapshot(w).members[i].status.as_mut().unwrap();
+    status.db_size = db * MIB;
+    status.db_size_in_use = in_use * MIB;
+}
+
+/// NOSPACE raised against member `i`: listed against it, reported by all.
+fn nospace(w: &mut World, i: usize) {
+    let snap = snapshot(w);
+    let id = snap.members[i].id;
+    snap.members[i].alarms = vec!["NOSPACE".into()];
+    for m in &mut snap.members {
+        m.status.as_mut().unwrap().errors = vec![format!("memberID:{id} alarm:NOSPACE ")];
+    }
+}
+
+/// Machine `m<i>` deleting (CAPI holds it with its finalizer).
+fn deleting(w: &mut World, i: usize) {
+    let m = &mut w.machines[i].metadata;
+    m.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    m.finalizers = Some(vec!["machine.cluster.x-k8s.io".into()]);
+}
+
+fn decided(w: &World) -> Decision {
+    decide(w, decide_lifecycle(w))
+}
+
+/// What a case expects: the plan's action (or a wait), its rule, and
+/// `EtcdSpaceHealthy` (status, reason); `None` when absent.
+struct Expect {
+    action: Option<SpaceStep>,
+    rule: &'static str,
+    condition: Option<(&'static str, &'static str)>,
+}
+
+fn check(name: &str, w: &World, expect: &Expect) -> Decision {
+    let d = decided(w);
+    let plan = d
+        .planned()
+        .unwrap_or_else(|| panic!("{name}: no plan: {}", d.message()));
+    match (&plan.action, &expect.action) {
+        (Action::EtcdSpace { step }, Some(want)) => assert_eq!(step, want, "{name}"),
+        (other, Some(want)) => panic!(
+            "{name}: expected {want:?}, got {other:?} ({})",
+            plan.message
+        ),
+        (Action::EtcdSpace { step }, None) => panic!("{name}: unexpected {step:?}"),
+        (_, None) => {}
+    }
+    assert_eq!(plan.rule, expect.rule, "{name}: {}", plan.message);
+    let condition = d
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "EtcdSpaceHealthy")
+        .map(|c| (c.status.as_str(), c.reason.as_str()));
+    assert_eq!(condition, expect.condition, "{name}: {}", plan.message);
+    d
+}
+
+#[test]
+fn table() {
+    let defrag = |i: u64| SpaceStep::Defragment {
+        member: i + 1,
+        label: member_name(i),
+    };
+    type Case = (&'static str, fn(&mut World), Expect);
+    let cases: Vec<Case> = vec![
+        (
+            "every member has room and none is fragmented: steady",
+            |_| {},
+            Expect {
+                action: None,
+                rule: "steady",
+                condition: Some(("True", "Healthy")),
+            },
+        ),
+        (
+            "space care off: a full, NOSPACE cluster is left alone and no condition is written",
+            |w| {
+                w.etcd_space.care = false;
+                sized(w, 1, 100, 20);
+                nospace(w, 1);
+            },
+            Expect {
+                action: None,
+                rule: "steady",
+                condition: None,
+            },
+        ),
+        (
+            "a big fragmented follower is defragmented when nothing else is to be done",
+            |w| sized(w, 2, 80, 10),
+            Expect {
+                action: Some(defrag(2)),
+                rule: "etcd-space.defragment",
+                condition: Some(("True", "Defragmenting")),
+            },
+        ),
+        (
+            "only the leader is due: its leadership moves first",
+            |w| sized(w, 0, 80, 10),
+            Expect {
+                action: Some(SpaceStep::MoveLeader {
+                    from: 1,
+                    label: member_name(0),
+                }),
+                rule: "etcd-space.move-leader",
+                condition: Some(("True", "Defragmenting")),
+            },
+        ),
+        (
+            "a routine defragmentation waits for a scale-up",
+            |w| {
+                sized(w, 2, 80, 10);
+                w.kcp.spec.replicas = Some(5);
+            },
+            Expect {
+                action: None,
+                rule: "scale-up",
+                condition: Some(("True", "Defragmenting")),
+            },
+        ),
+        (
+            "NOSPACE on a follower with free pages: it is defragmented first",
+            |w| {
+                sized(w, 1, 100, 20);
+                nospace(w, 1);
+            },
+            Expect {
+                action: Some(defrag(1)),
+                rule: "etcd-space.defragment",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE goes before a scale-up: the cluster refuses writes",
+            |w| {
+                sized(w, 1, 100, 20);
+                nospace(w, 1);
+                w.kcp.spec.replicas = Some(5);
+            },
+            Expect {
+                action: Some(defrag(1)),
+                rule: "etcd-space.defragment",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE with history filling the quota: compact to the current revision",
+            |w| {
+                sized(w, 1, 100, 95);
+                nospace(w, 1);
+                w.etcd_history = Some(Ok(History {
+                    revision: 500,
+                    compacted: false,
+                }));
+            },
+            Expect {
+                action: Some(SpaceStep::Compact { revision: 500 }),
+                rule: "etcd-space.compact",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE with every member back under its limit: disarm",
+            |w| {
+                sized(w, 1, 30, 29);
+                nospace(w, 1);
+            },
+            Expect {
+                action: Some(SpaceStep::DisarmNospace),
+                rule: "etcd-space.disarm-nospace",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE whose live data fills the quota even compacted: refused with the numbers",
+            |w| {
+                sized(w, 1, 96, 96);
+                nospace(w, 1);
+                w.etcd_history = Some(Ok(History {
+                    revision: 500,
+                    compacted: true,
+                }));
+            },
+            Expect {
+                action: None,
+                rule: "etcd-space.blocked.not-enough-room",
+                condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
+            "NOSPACE with another member down: refused, naming it",
+            |w| {
+                sized(w, 1, 100, 20);
+                nospace(w, 1);
+                let m = &mut snapshot(w).members[2];
+                m.status = None;
+                m.probe_error = Some("connection refused".into());
+            },
+            Expect {
+                action: None,
+                rule: "etcd-space.blocked.unhealthy-member",
+                condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
+            "a routine defragmentation waits while a Machine is being deleted (the scale rule waits first)",
+            |w| {
+                sized(w, 2, 80, 10);
+                deleting(w, 1);
+            },
+            Expect {
+                action: None,
+                rule: "scale-up.machine-deleting",
+                condition: Some(("True", "DefragmentationWaiting")),
+            },
+        ),
+        (
+            "NOSPACE waits for a Machine being deleted to be gone",
+            |w| {
+                sized(w, 2, 100, 20);
+                nospace(w, 2);
+                deleting(w, 1);
+            },
+            Expect {
+                action: None,
+                rule: "etcd-space.wait.membership-change",
+                condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
+            "a removal in flight goes before NOSPACE recovery",
+            |w| {
+                sized(w, 2, 100, 20);
+                nospace(w, 2);
+                deleting(w, 0);
+                w.machines[0].metadata.annotations = Some(
+                    [(
+                        k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+                        k3s_control_plane::remediation::steps::hook_value(Some(1)),
+                    )]
+                    .into(),
+                );
+            },
+            Expect {
+                action: None,
+                rule: "removal.wait.drain",
+                condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
+            "a quota annotation that is not one: refused naming the annotation",
+            |w| {
+                w.kcp.metadata.annotations.as_mut().unwrap().insert(
+                    "controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes".into(),
+                    "lots".into(),
+                );
+            },
+            Expect {
+                action: None,
+                rule: "etcd-space.blocked.quota-unknown",
+                condition: Some(("True", "DefragmentationBlocked")),
+            },
+        ),
+    ];
+    for (name, setup, expect) in cases {
+        let mut w = world();
+        setup(&mut w);
+        check(name, &w, &expect);
+    }
+}
+
+#[test]
+fn a_refusal_is_a_warning_with_the_numbers_and_a_wait_for_a_membership_change_is_normal() {
+    let mut w = world();
+    sized(&mut w, 1, 96, 96);
+    nospace(&mut w, 1);
+    w.etcd_history = Some(Ok(History {
+        revision: 500,
+        compacted: true,
+    }));
+    let d = decided(&w);
+    let event = d.event().expect("a blocked space rule is announced");
+    assert_eq!(
+        (event.type_, event.reason),
+        (EventType::Warning, "EtcdSpaceBlocked")
+    );
+    assert!(
+        event.note.contains("cp-1-00000002 still has no room: it must be at most 90.0 MiB (90% of its quota), but its live data alone is 96.0 MiB")
+            && event.note.ends_with("(etcd-space.blocked.not-enough-room)"),
+        "{}",
+        event.note
+    );
+    assert!(!d.acts());
+
+    let mut w = world();
+    sized(&mut w, 2, 80, 10);
+    w.machines[1].status = None;
+    let d = decided(&w);
+    let event = d.event().expect("a wait is announced");
+    assert_eq!(
+        (event.type_, event.reason),
+        (EventType::Normal, "EtcdSpaceWaiting")
+    );
+    assert!(
+        event.note.contains("Machine m1 has no Node yet"),
+        "{}",
+        event.note
+    );
+}
+
+#[test]
+fn a_step_acts_and_the_record_carries_every_members_sizes() {
+    let mut w = world();
+    sized(&mut w, 1, 100, 20);
+    nospace(&mut w, 1);
+    let d = decided(&w);
+    assert!(d.acts());
+    let space = d.etcd_space.as_ref().expect("etcd was observed");
+    let full = space.cluster.member(2).unwrap();
+    assert!(full.nospace);
+    assert_eq!(full.quota, Some(100 * 1024 * 1024));
+    assert_eq!(full.sizes.unwrap().db_size, 100 * 1024 * 1024);
+    assert!(space.cluster.members.iter().all(|m| m.problem.is_none()));
+    // Off, the sizes are still there, with no verdict.
+    w.etcd_space.care = false;
+    let d = decided(&w);
+    assert!(d.etcd_space.as_ref().unwrap().decision.is_none());
+    assert!(!d.acts());
+}
+
+#[test]
+fn the_history_is_read_only_when_a_compaction_may_be_due() {
+    use k3s_control_plane::decision::space::needs_history;
+    let mut w = world();
+    assert!(!needs_history(&w));
+    sized(&mut w, 1, 100, 20);
+    nospace(&mut w, 1);
+    assert!(!needs_history(&w), "defragmenting is enough");
+    sized(&mut w, 1, 100, 95);
+    assert!(needs_history(&w));
+    w.etcd_space.care = false;
+    assert!(!needs_history(&w));
+}
