@@ -23,6 +23,26 @@ use super::error::{Error, Result};
 pub async fn annotate_configs(ctx: &Context, world: &World, decision: &Decision) -> Result<()> {
     let namespace = world.kcp.namespace().unwrap_or_default();
     let configs: Api<KThreesConfig> = Api::namespaced(ctx.client.clone(), &namespace);
+    let config_of = |machine: &str| {
+        world
+            .machine(machine)
+            .and_then(|m| m.spec.bootstrap.config_ref.as_ref())
+            .map(|r| format!("{namespace}/{}", r.name))
+    };
+    // Keep only what is still to be written: a value CAPI copied, or a
+    // Machine gone, is forgotten, so the set stays bounded.
+    let pending: std::collections::HashSet<(String, String)> = decision
+        .certificate_annotations
+        .iter()
+        .filter_map(|(m, v)| Some((config_of(m)?, v.clone())))
+        .collect();
+    // (Another control plane's pending entry in this namespace may go too:
+    // it is then written once more, an idempotent merge patch.)
+    let prefix = format!("{namespace}/");
+    ctx.certificate_annotations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|key| !key.0.starts_with(&prefix) || pending.contains(key));
     for (machine, value) in &decision.certificate_annotations {
         let Some(config) = world
             .machine(machine)
