@@ -294,3 +294,91 @@ async fn a_node_stuck_terminating_after_quorum_loss_is_released_when_quorum_retu
     controller.stop().await;
     k3s.stop().await;
 }
+
+/// k3s restarts on a server between the removal of its member and the release
+/// of our hook (docs/k3s.md T1, T2): its tombstone makes it back up its data
+/// and join again as a learner under a new name, mapped to the same deleting
+/// Machine. The controller removes that learner too before releasing the
+/// hook (it would otherwise be promoted and die with the VM), asks for the
+/// old member no more, deletes nothing twice, and no step fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_rejoins_after_its_removal_is_removed_again_before_the_hook_goes() {
+    use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = admin.snapshot().await.unwrap().leader.unwrap();
+    let index = (0..3)
+        .find(|i| sandbox.etcd.member(*i).id != leader)
+        .unwrap();
+    let target = sandbox.machines[index].clone();
+    let (old_name, old_id) = {
+        let m = sandbox.etcd.member(index);
+        (m.name.clone(), m.id)
+    };
+    // Where a removal of ours stood: the Machine deleting with our hook
+    // recording its member, and that member removed.
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                PRE_TERMINATE_HOOK_ANNOTATION:
+                    k3s_control_plane::remediation::steps::hook_value(Some(old_id)),
+            }}})),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .machines_api()
+        .delete(&target, &DeleteParams::default())
+        .await
+        .unwrap();
+    admin.remove_member(old_id).await.unwrap();
+    sandbox
+        .etcd
+        .wait_exited(index, LIMIT)
+        .await
+        .expect("a removed member stops (k3s writes its tombstone)");
+
+    // k3s restarts there: a new member under a new name, a learner.
+    let new_name = sandbox.restart_k3s_server(index).await.unwrap();
+    assert_ne!(new_name, old_name);
+    let node = sandbox.etcd.member(index).node_name.clone();
+    assert!(
+        new_name.starts_with(&format!("{node}-")),
+        "k3s names it <node>-<8 hex>: {new_name}"
+    );
+    let snap = admin.snapshot().await.unwrap();
+    let rejoined = snap.member_by_name(&new_name).expect("rejoined").clone();
+    assert!(rejoined.learner, "it joins as a learner: {snap:?}");
+
+    let controller = sandbox.start_controller();
+    sandbox
+        .wait_for("the Machine gone", LIMIT, || async {
+            let names = machine_names(&sandbox).await;
+            (!names.contains(&target))
+                .then_some(())
+                .ok_or_else(|| format!("{target} still there: {names:?}"))
+        })
+        .await
+        .unwrap();
+    let snap = admin.snapshot().await.unwrap();
+    assert!(
+        snap.member_by_name(&new_name).is_none(),
+        "the rejoined member went before the hook: {snap:?}"
+    );
+    assert_eq!(snap.members.len(), 2, "{snap:?}");
+    let removed = event_notes(&sandbox, "EtcdMemberRemoved").await;
+    assert_eq!(removed.len(), 1, "one removal, of the new member: {removed:?}");
+    assert!(
+        removed[0].contains(&new_name) && !removed[0].contains(&old_name),
+        "{removed:?}"
+    );
+    let failed = event_notes(&sandbox, "StepFailed").await;
+    assert!(failed.is_empty(), "no step failed: {failed:?}");
+    assert_eq!(event_count(&sandbox, "MachineDeleting").await, 0, "deleted once, before");
+    controller.stop().await;
+}

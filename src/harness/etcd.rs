@@ -841,7 +841,89 @@ impl EtcdTestCluster {
         if let Some(first) = self.members.first() {
             member.raft_timing = first.raft_timing;
         }
-        let peer_url = member.peer_url();
+        let (id, initial_cluster, refusals) = self
+            .member_add_learner(&member.name, &member.peer_url())
+            .await?;
+        member.id = id;
+        member.learner = true;
+        member.member_add_refusals = refusals;
+        member.initial_cluster = initial_cluster;
+        member.initial_state = "existing";
+        self.members.push(member);
+        self.spawn(index)?;
+        self.wait_learner_started(index).await?;
+        Ok(index)
+    }
+
+    /// What k3s does when a server whose member was removed starts again
+    /// (docs/k3s.md T1, T2): the removed member's process has stopped (its
+    /// tombstone); the data directory is set aside as a backup, a new member
+    /// name `<node>-<8 hex>` is made, and the server joins again as a learner
+    /// at the same address. The member keeps its index (it is the same
+    /// server); returns the new member name.
+    pub async fn rejoin_after_tombstone(&mut self, index: usize) -> Result<String, HarnessError> {
+        if self.member_mut(index)?.child.is_some() {
+            self.stop(index).await?;
+        }
+        let member = &self.members[index];
+        let name = format!("{}-{}", member.node_name, random_suffix());
+        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let data = dir.join("data");
+        if data.exists() {
+            std::fs::rename(&data, dir.join(format!("etcd-backup-{stamp}")))
+                .map_err(io("back up the tombstoned data dir"))?;
+        }
+        let tls = dir.join("tls");
+        let serving = write_pair(&tls, "server-client", &self.pki.serving(&name, ip, ip_in_cert))
+            .map_err(io("write serving cert"))?;
+        let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
+            .map_err(io("write peer cert"))?;
+        let peer_url = self.members[index].peer_url();
+        let (id, initial_cluster, refusals) = self.member_add_learner(&name, &peer_url).await?;
+        let member = &mut self.members[index];
+        member.name = name.clone();
+        member.serving = serving;
+        member.peer = peer;
+        member.id = id;
+        member.learner = true;
+        member.member_add_refusals = refusals;
+        member.initial_cluster = initial_cluster;
+        member.initial_state = "existing";
+        self.spawn(index)?;
+        self.wait_learner_started(index).await?;
+        Ok(name)
+    }
+
+    async fn wait_learner_started(&mut self, index: usize) -> Result<(), HarnessError> {
+        let name = self.members[index].name.clone();
+        let running: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .collect();
+        self.poll(
+            "learner started",
+            self.ready_timeout,
+            |snap| match snap.member_by_name(&name) {
+                Some(m) if m.learner && m.status.is_some() => Ok(()),
+                Some(_) => Err(format!("{name} not answering yet")),
+                None => Err(format!("{name} has not started")),
+            },
+            &running,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `MemberAdd --learner` of `name` at `peer_url`, sent to a running voter
+    /// and retried while etcd refuses it as transient. Returns the new id,
+    /// the `--initial-cluster` the learner starts with, and the refusals.
+    async fn member_add_learner(
+        &mut self,
+        name: &str,
+        peer_url: &str,
+    ) -> Result<(u64, String, u32), HarnessError> {
         // A learner promoted since it was added (by infra_sim, or a test's own
         // MemberPromote) is a voter now: refresh the cached flags before
         // choosing the member that receives MemberAdd, or a cluster whose
@@ -862,7 +944,7 @@ impl EtcdTestCluster {
         let deadline = Instant::now() + self.ready_timeout;
         let mut refusals = 0;
         let added = loop {
-            let urls = vec![peer_url.clone()];
+            let urls = vec![peer_url.to_string()];
             let result = self
                 .admin
                 .clients
@@ -886,15 +968,13 @@ impl EtcdTestCluster {
                 Err(err) => return Err(err.into()),
             }
         };
-        member.id = added.member().map_or(0, |m| m.id());
-        member.learner = true;
-        member.member_add_refusals = refusals;
-        member.initial_cluster = added
+        let id = added.member().map_or(0, |m| m.id());
+        let initial_cluster = added
             .member_list()
             .iter()
             .map(|m| {
-                let name = if m.id() == member.id {
-                    member.name.clone()
+                let name = if m.id() == id {
+                    name.to_string()
                 } else {
                     m.name().to_string()
                 };
@@ -905,25 +985,7 @@ impl EtcdTestCluster {
             })
             .collect::<Vec<_>>()
             .join(",");
-        member.initial_state = "existing";
-        self.members.push(member);
-        self.spawn(index)?;
-        let name = self.members[index].name.clone();
-        let running: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].child.is_some())
-            .collect();
-        self.poll(
-            "learner started",
-            self.ready_timeout,
-            |snap| match snap.member_by_name(&name) {
-                Some(m) if m.learner && m.status.is_some() => Ok(()),
-                Some(_) => Err(format!("{name} not answering yet")),
-                None => Err(format!("{name} has not started")),
-            },
-            &running,
-        )
-        .await?;
-        Ok(index)
+        Ok((id, initial_cluster, refusals))
     }
 
     /// SIGTERM a member and wait for it to exit (SIGKILL after 10 s).

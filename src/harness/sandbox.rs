@@ -435,6 +435,32 @@ impl Sandbox {
         )
     }
 
+    /// k3s restarting on the server of etcd member `index` after its member
+    /// was removed (docs/k3s.md T1, T2): the tombstone makes it back up its
+    /// data, take a new member name and join again as a learner; once
+    /// running, it writes the new name into its Node's
+    /// `etcd.k3s.cattle.io/node-name` annotation (N1). Returns the new name.
+    pub async fn restart_k3s_server(&mut self, index: usize) -> Result<String, SandboxError> {
+        let name = self
+            .etcd
+            .rejoin_after_tombstone(index)
+            .await
+            .map_err(|e| SandboxError(format!("rejoin etcd member {index}: {e}")))?;
+        let node = self.etcd.member(index).node_name.clone();
+        let nodes: Api<Node> = Api::all(self.workload.client());
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    K3S_ETCD_NODE_NAME_ANNOTATION: name,
+                }}})),
+            )
+            .await
+            .map_err(|e| SandboxError(format!("annotate Node {node} with its new member: {e}")))?;
+        Ok(name)
+    }
+
     /// A control-plane Node in the workload cluster, as k3s registers it.
     /// `member`: the etcd member it runs (None: `--disable-etcd`).
     pub async fn add_node(

@@ -460,14 +460,18 @@ fn etcd_in_scope(view: &ControlPlaneView) -> Result<Option<&Membership>, String>
     }
 }
 
-/// The target's member: the one recorded in our hook, else the mapped one;
-/// only if it is (still) in the membership.
+/// The target's member: the one recorded in our hook while it is in the
+/// membership, else the one the membership maps to it now. After our removal
+/// a k3s restart on the target brings a new member under a new name (its
+/// tombstone, docs/k3s.md T2) that maps to the same Machine: it is removed
+/// too before the hook goes, or it would be promoted and die with the VM.
 fn current_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> {
     let membership = view.membership()?;
+    let present = |id: &u64| membership.member(*id).is_some();
     target
         .hook_member
-        .or(target.etcd_member)
-        .filter(|id| membership.member(*id).is_some())
+        .filter(present)
+        .or(target.etcd_member.filter(present))
 }
 
 fn planned_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> {
@@ -763,6 +767,33 @@ mod upstream_hook_tests {
             Step::MoveLeadership { from: 1, to: 2 | 3 }
         ));
         assert!(matches!(steps[2], Step::RemoveMember { member: 1, via, .. } if via != 1));
+    }
+
+    /// k3s restarted on m1 after our removal of its member (the tombstone):
+    /// the server joined again as a learner under a new name, mapped to m1.
+    /// That learner is removed before the hook goes; the old member is not
+    /// asked for again.
+    #[test]
+    fn a_member_rejoined_after_its_removal_is_removed_before_the_hook_is_released() {
+        let mut view = left_deleting_by_upstream();
+        m1(&mut view).has_upstream_hook = false;
+        m1(&mut view).has_our_hook = true;
+        m1(&mut view).hook_member = Some(1);
+        membership(&mut view).members.retain(|m| m.id != 1);
+        membership(&mut view).leader = Some(2);
+        let mut rejoined = member(7);
+        rejoined.name = "node-m1-0badc0de".into();
+        rejoined.learner = true;
+        membership(&mut view).members.push(rejoined);
+        m1(&mut view).etcd_member = Some(7);
+        let steps = walk(view);
+        let names: Vec<&str> = steps.iter().map(Step::name).collect();
+        assert_eq!(names, ["remove-member", "release-hook"]);
+        assert!(
+            matches!(steps[0], Step::RemoveMember { member: 7, via: 2, .. }),
+            "{:?}",
+            steps[0]
+        );
     }
 
     #[test]
