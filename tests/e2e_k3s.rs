@@ -382,3 +382,205 @@ async fn a_server_that_rejoins_after_its_removal_is_removed_again_before_the_hoo
     assert_eq!(event_count(&sandbox, "MachineDeleting").await, 0, "deleted once, before");
     controller.stop().await;
 }
+
+/// A learner that stopped catching up (its server hangs) blocks every
+/// removal; k3s's leader evicts it once its applied index has not grown for
+/// the stall period (docs/k3s.md L3), and the pending remediation then goes
+/// ahead with no action of ours; the evicted server's Node reads
+/// `EtcdIsVoter=False` (`NotAMember`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_learner_blocks_removals_until_k3s_evicts_it() {
+    use k3s_control_plane::api::names::{K3S_ETCD_IS_VOTER_CONDITION, K3S_NOT_A_MEMBER_REASON};
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let index = sandbox.etcd.add_learner().await.unwrap();
+    let (node, ip, learner) = {
+        let m = sandbox.etcd.member(index);
+        (m.node_name.clone(), m.ip.to_string(), m.name.clone())
+    };
+    sandbox.add_node(&node, &ip, Some(&learner)).await.unwrap();
+    // The learner's server hangs, and the cluster moves on without it: it is
+    // far behind the leader, so etcd refuses to promote it.
+    sandbox.etcd.pause(index).unwrap();
+    for k in 0..100 {
+        sandbox
+            .etcd
+            .put(0, &format!("/registry/filler/{k}"), vec![0; 16])
+            .await
+            .unwrap();
+    }
+    let target = sandbox.machines[0].clone();
+    let target_member = sandbox.etcd.member(0).name.clone();
+    let controller = sandbox.start_controller();
+    sandbox.mark_unhealthy(&target).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    sandbox
+        .wait_for("the remediation to wait for the learner", LIMIT, || async {
+            let message = kcp(&sandbox)
+                .await
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Remediating"))
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            message
+                .contains(&learner)
+                .then_some(())
+                .ok_or(message)
+        })
+        .await
+        .unwrap();
+
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        // Shortened from k3s's 15 s and 5 min so the test runs in seconds;
+        // what matters is who acts, not how long k3s waits.
+        tick: Duration::from_secs(1),
+        stall_after: Duration::from_secs(4),
+        ..K3sAgentSettings::default()
+    });
+    sandbox
+        .wait_for(
+            "the target's member removed after the eviction",
+            LIMIT,
+            || async {
+                let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+                snap.member_by_name(&target_member)
+                    .map_or(Ok(()), |_| Err(format!("{target_member} still a member")))
+            },
+        )
+        .await
+        .unwrap();
+    let actions = k3s.actions();
+    assert!(
+        actions.iter().any(
+            |a| matches!(a, K3sAction::EvictedStalledLearner { member } if member.contains(&learner))
+        ),
+        "k3s evicted {learner}: {actions:?}"
+    );
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, K3sAction::PromotedLearner { .. })),
+        "a learner behind is never promoted: {actions:?}"
+    );
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    sandbox
+        .wait_for("EtcdIsVoter=False NotAMember on the evicted server's Node", LIMIT, || async {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let c = n
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == K3S_ETCD_IS_VOTER_CONDITION);
+            match c {
+                Some(c) if c.status == "False" && c.reason.as_deref() == Some(K3S_NOT_A_MEMBER_REASON) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    sandbox.etcd.resume(index).unwrap();
+    controller.stop().await;
+    k3s.stop().await;
+}
+
+/// cluster-api-k3s scaled a Machine down and k3s removed its member through
+/// the `etcd.k3s.cattle.io/remove` annotation (docs/k3s.md M3: the member
+/// goes, `removed-node-name` is written and the member's annotations are
+/// dropped), then upstream stopped with the Machine deleting under its hook.
+/// The controller takes it over and releases both hooks with no etcd step
+/// and no `upstream-member-unknown` refusal: every remaining member is
+/// claimed by another Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_k3s_removed_through_the_annotation_lets_the_upstream_hook_go() {
+    use k3s_control_plane::api::names::{
+        K3S_ETCD_NODE_NAME_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
+        UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
+    };
+    use k3s_control_plane::harness::k3s_agent::{REMOVE_ANNOTATION, REMOVED_NODE_NAME_ANNOTATION};
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        // Learner timing plays no part here.
+        tick: Duration::from_secs(1),
+        ..K3sAgentSettings::default()
+    });
+    wait_finalizers(&sandbox).await;
+    let admin = sandbox.etcd.connect();
+    let leader = admin.snapshot().await.unwrap().leader.unwrap();
+    let index = (0..3)
+        .find(|i| sandbox.etcd.member(*i).id != leader)
+        .unwrap();
+    let target = sandbox.machines[index].clone();
+    let node = sandbox.etcd.member(index).node_name.clone();
+    let member = sandbox.etcd.member(index).name.clone();
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    // What cluster-api-k3s does for a scale-down: its hook, the Machine
+    // deleted, the Node annotated for k3s.
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION: UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
+            }}})),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .machines_api()
+        .delete(&target, &DeleteParams::default())
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {REMOVE_ANNOTATION: "true"}}})),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .wait_for("k3s to remove the member and say so", LIMIT, || async {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let a = n.annotations();
+            match (a.get(REMOVED_NODE_NAME_ANNOTATION), a.get(K3S_ETCD_NODE_NAME_ANNOTATION)) {
+                (Some(removed), None) if *removed == member => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    assert!(admin.snapshot().await.unwrap().member_by_name(&member).is_none());
+
+    let controller = sandbox.start_controller();
+    sandbox
+        .wait_for("the Machine gone", LIMIT, || async {
+            let names = machine_names(&sandbox).await;
+            (!names.contains(&target))
+                .then_some(())
+                .ok_or_else(|| format!("{target} still there: {names:?}"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(event_count(&sandbox, "UpstreamHookReleased").await, 1);
+    for reason in ["EtcdMemberRemoved", "EtcdLeadershipMoved", "StepFailed", "RemovalBlocked"] {
+        assert_eq!(event_count(&sandbox, reason).await, 0, "{reason}");
+    }
+    assert_eq!(admin.snapshot().await.unwrap().members.len(), 2);
+    let removed: Vec<_> = k3s
+        .actions()
+        .into_iter()
+        .filter(|a| matches!(a, K3sAction::RemovedMember { .. }))
+        .collect();
+    assert_eq!(
+        removed,
+        vec![K3sAction::RemovedMember { node, member }],
+        "k3s removed that member once, and nothing else"
+    );
+    controller.stop().await;
+    k3s.stop().await;
+}

@@ -9,7 +9,8 @@
 //!   removal fails the finalizer stays and the Node hangs in Terminating; no
 //!   matching member: the finalizer goes (k3s reports success);
 //! - the `etcd.k3s.cattle.io/remove` annotation: the same removal, then
-//!   `etcd.k3s.cattle.io/removed-node-name`;
+//!   `etcd.k3s.cattle.io/removed-node-name` written and the `node-name` and
+//!   `node-address` annotations deleted;
 //! - on the etcd leader's tick (15 s in k3s): learners promoted, a learner
 //!   whose applied index has not grown for the stall period (5 min) removed,
 //!   and the `EtcdIsVoter` condition written on every etcd Node (reasons
@@ -259,7 +260,13 @@ impl Agent {
                             .patch(
                                 &name,
                                 &PatchParams::default(),
-                                &Patch::Merge(json!({"metadata": {"annotations": {REMOVED_NODE_NAME_ANNOTATION: value}}})),
+                                // k3s drops the member's annotations with it; the
+                                // Node's own k3s writes them again while it runs.
+                                &Patch::Merge(json!({"metadata": {"annotations": {
+                                    REMOVED_NODE_NAME_ANNOTATION: value,
+                                    K3S_ETCD_NODE_NAME_ANNOTATION: null,
+                                    K3S_ETCD_NODE_ADDRESS_ANNOTATION: null,
+                                }}})),
                             )
                             .await;
                     }
