@@ -531,7 +531,7 @@ fn main() {
         println!();
         println!(
             "remediation, 3-member loopback etcd (raft heartbeat/election {}), {ITERATIONS} runs each   {:>9} {:>9} {:>9}",
-            raft_timing().map_or("100/1500 ms".to_string(), |(h, e)| format!("{h}/{e} ms")),
+            raft_timing().map_or("500/5000 ms (k3s)".to_string(), |(h, e)| format!("{h}/{e} ms")),
             "min ms", "median ms", "max ms"
         );
         for s in [&fresh, &aged, &follower] {

@@ -2,7 +2,8 @@
 //!
 //! Rules, in order, for each member:
 //! 1. the Machine's Node carries `etcd.k3s.cattle.io/node-name` == member name;
-//! 2. the member name is `<node>-<8 hex>` (k3s) and `<node>` is the Machine's Node name;
+//! 2. the member name is `<node>-<8 hex>` (k3s) and `<node>` is the Machine's Node name,
+//!    unless its peer address is another Machine's (then it is an ambiguity);
 //! 3. a peer-URL host of the member is one of the Machine's addresses.
 //!
 //! The first rule that finds any Machine decides. Two Machines claiming one
@@ -88,6 +89,14 @@ pub enum Ambiguity {
         machine: String,
         members: Vec<MemberRef>,
     },
+    /// The member's name points at one Machine's Node, its peer address at
+    /// another's (older k3s named members after the short host name).
+    #[serde(rename_all = "camelCase")]
+    NameAndAddressDisagree {
+        member: MemberRef,
+        by_name: Vec<String>,
+        by_address: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for Ambiguity {
@@ -111,6 +120,17 @@ impl std::fmt::Display for Ambiguity {
                     .map(MemberRef::label)
                     .collect::<Vec<_>>()
                     .join(", ")
+            ),
+            Ambiguity::NameAndAddressDisagree {
+                member,
+                by_name,
+                by_address,
+            } => write!(
+                f,
+                "member {} is named after the Node of machine {} but its peer address is machine {}'s (give the Node the annotation {NODE_NAME_ANNOTATION})",
+                member.label(),
+                by_name.join(", "),
+                by_address.join(", ")
             ),
         }
     }
@@ -139,6 +159,11 @@ impl MembershipMap {
                 machines.iter().any(|m| m == machine)
             }
             Ambiguity::MachineClaimedBySeveralMembers { machine: m, .. } => m == machine,
+            Ambiguity::NameAndAddressDisagree {
+                by_name,
+                by_address,
+                ..
+            } => by_name.iter().chain(by_address).any(|m| m == machine),
         })
     }
 }
@@ -158,44 +183,75 @@ fn same_address(a: &str, b: &str) -> bool {
     }
 }
 
-/// Machines matching `member` by the first rule that matches any, with that rule.
-fn candidates<'a>(
-    member: &MemberRef,
-    machines: &'a [MachineRef],
-) -> Option<(MatchRule, Vec<&'a MachineRef>)> {
-    let non_empty = |found: Vec<&'a MachineRef>, rule| (!found.is_empty()).then_some((rule, found));
-    if !member.name.is_empty() {
-        let by_annotation: Vec<_> = machines
-            .iter()
-            .filter(|m| m.node_annotations.get(NODE_NAME_ANNOTATION) == Some(&member.name))
-            .collect();
-        if let Some(found) = non_empty(by_annotation, MatchRule::NodeAnnotation) {
-            return Some(found);
-        }
-        if let Some(node) = node_of_member_name(&member.name) {
-            let by_name: Vec<_> = machines
-                .iter()
-                .filter(|m| m.node_name.as_deref() == Some(node))
-                .collect();
-            if let Some(found) = non_empty(by_name, MatchRule::NamePattern) {
-                return Some(found);
-            }
-        }
-    }
+/// What the rules say of one member.
+enum Candidates<'a> {
+    None,
+    /// The Machines matched by the first rule that matches any.
+    Found(MatchRule, Vec<&'a MachineRef>),
+    /// The name pattern and the peer address point at different Machines.
+    Disagree {
+        by_name: Vec<&'a MachineRef>,
+        by_address: Vec<&'a MachineRef>,
+    },
+}
+
+fn by_peer_address<'a>(member: &MemberRef, machines: &'a [MachineRef]) -> Vec<&'a MachineRef> {
     let hosts: Vec<String> = member
         .peer_urls
         .iter()
         .filter_map(|u| url_host(u))
         .collect();
-    let by_address: Vec<_> = machines
+    machines
         .iter()
         .filter(|m| {
             m.addresses
                 .iter()
                 .any(|a| hosts.iter().any(|h| same_address(a, h)))
         })
-        .collect();
-    non_empty(by_address, MatchRule::PeerAddress)
+        .collect()
+}
+
+/// Machines matching `member` by the first rule that matches any, with that
+/// rule. A name-pattern match is trusted only when the member's peer address
+/// is not another Machine's: an older k3s member named after the short host
+/// name (`cp-0` for Node `cp-0.example.com`) must not pair with a Node that
+/// happens to be named `cp-0`.
+fn candidates<'a>(member: &MemberRef, machines: &'a [MachineRef]) -> Candidates<'a> {
+    if !member.name.is_empty() {
+        let by_annotation: Vec<_> = machines
+            .iter()
+            .filter(|m| m.node_annotations.get(NODE_NAME_ANNOTATION) == Some(&member.name))
+            .collect();
+        if !by_annotation.is_empty() {
+            return Candidates::Found(MatchRule::NodeAnnotation, by_annotation);
+        }
+        if let Some(node) = node_of_member_name(&member.name) {
+            let by_name: Vec<_> = machines
+                .iter()
+                .filter(|m| m.node_name.as_deref() == Some(node))
+                .collect();
+            if !by_name.is_empty() {
+                let by_address = by_peer_address(member, machines);
+                let elsewhere = !by_address.is_empty()
+                    && !by_address
+                        .iter()
+                        .any(|a| by_name.iter().any(|n| n.machine == a.machine));
+                if elsewhere {
+                    return Candidates::Disagree {
+                        by_name,
+                        by_address,
+                    };
+                }
+                return Candidates::Found(MatchRule::NamePattern, by_name);
+            }
+        }
+    }
+    let by_address = by_peer_address(member, machines);
+    if by_address.is_empty() {
+        Candidates::None
+    } else {
+        Candidates::Found(MatchRule::PeerAddress, by_address)
+    }
 }
 
 /// Map members to machines; see the module docs for the rules.
@@ -205,14 +261,25 @@ pub fn map_members(machines: &[MachineRef], members: &[MemberRef]) -> Membership
     let mut claims: BTreeMap<&str, Vec<(&MemberRef, MatchRule)>> = BTreeMap::new();
     for member in members {
         match candidates(member, machines) {
-            None => result.members_without_machine.push(member.clone()),
-            Some((rule, found)) if found.len() == 1 => {
+            Candidates::None => result.members_without_machine.push(member.clone()),
+            Candidates::Disagree {
+                by_name,
+                by_address,
+            } => {
+                let names = |found: Vec<&MachineRef>| found.iter().map(|m| m.machine.clone()).collect();
+                result.ambiguities.push(Ambiguity::NameAndAddressDisagree {
+                    member: member.clone(),
+                    by_name: names(by_name),
+                    by_address: names(by_address),
+                })
+            }
+            Candidates::Found(rule, found) if found.len() == 1 => {
                 claims
                     .entry(found[0].machine.as_str())
                     .or_default()
                     .push((member, rule));
             }
-            Some((rule, found)) => {
+            Candidates::Found(rule, found) => {
                 result
                     .ambiguities
                     .push(Ambiguity::MemberMatchesSeveralMachines {
@@ -443,6 +510,39 @@ mod tests {
                 machines: vec![
                     annotated(machine("ma", Some("a"), &[]), "cp-0-0a1b2c3d"),
                     annotated(machine("mb", Some("b"), &[]), "cp-0-0a1b2c3d"),
+                ],
+                members: vec![member(1, "cp-0-0a1b2c3d", "10.0.0.1")],
+                pairs: vec![],
+                members_without_machine: vec![],
+                machines_without_member: vec![],
+                ambiguities: 1,
+            },
+            Case {
+                name: "an older short-host-name member pairs with its FQDN Node by the annotation",
+                machines: vec![
+                    annotated(machine("m-fqdn", Some("cp-0.example.com"), &["10.0.0.1"]), "cp-0-0a1b2c3d"),
+                    machine("m-short", Some("cp-0"), &["10.0.0.2"]),
+                ],
+                members: vec![member(1, "cp-0-0a1b2c3d", "10.0.0.1")],
+                pairs: vec![("m-fqdn", 1, NodeAnnotation)],
+                members_without_machine: vec![],
+                machines_without_member: vec!["m-short"],
+                ambiguities: 0,
+            },
+            Case {
+                name: "an older short-host-name member without the annotation pairs by peer address",
+                machines: vec![machine("m-fqdn", Some("cp-0.example.com"), &["10.0.0.1"])],
+                members: vec![member(1, "cp-0-0a1b2c3d", "10.0.0.1")],
+                pairs: vec![("m-fqdn", 1, PeerAddress)],
+                members_without_machine: vec![],
+                machines_without_member: vec![],
+                ambiguities: 0,
+            },
+            Case {
+                name: "a short-host-name member is never paired by name with another Node named like it",
+                machines: vec![
+                    machine("m-fqdn", Some("cp-0.example.com"), &["10.0.0.1"]),
+                    machine("m-short", Some("cp-0"), &["10.0.0.2"]),
                 ],
                 members: vec![member(1, "cp-0-0a1b2c3d", "10.0.0.1")],
                 pairs: vec![],

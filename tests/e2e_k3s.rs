@@ -1,8 +1,7 @@
 //! End to end against the simulated k3s (src/harness/k3s_agent.rs), which
 //! does what k3s's source does to Nodes and members: its member controller's
 //! Node finalizer and member removal on Node deletion, and the leader's
-//! learner tick. Raft timing is the harness's fast one (100/1500 ms): these
-//! tests are about who removes which member and when, not about elections.
+//! learner tick. Raft timing is k3s's (500/5000 ms), the harness default.
 
 mod e2e_support;
 

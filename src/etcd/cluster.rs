@@ -198,6 +198,7 @@ impl EtcdCluster {
                 endpoint: format!("member {:016x}", member.id),
                 reason: "member has not started (no client URL)".into(),
             })?;
+        crate::etcd::transport::refuse_reset_loopback(url)?;
         self.clients.resolve(url)
     }
 

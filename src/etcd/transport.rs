@@ -159,9 +159,44 @@ pub fn url_host(url: &str) -> Option<String> {
         .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
 }
 
+/// Refuse a member's advertised client URL on this host's own loopback
+/// (`127.0.0.1`, `::1`, `localhost`): k3s advertises it while a server runs
+/// `--cluster-reset` (docs/k3s.md CR1), and dialling it would reach whatever
+/// listens on the controller's host, not that member.
+pub fn refuse_reset_loopback(client_url: &str) -> Result<(), EtcdError> {
+    let host = url_host(client_url).unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST);
+    if loopback {
+        return Err(EtcdError::Unreachable {
+            endpoint: client_url.to_string(),
+            reason: "the member advertises this host's loopback as its client URL (k3s does so during --cluster-reset); not dialled: it would reach whatever listens here, not that member".into(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_advertising_the_reset_loopback_is_not_dialled() {
+        for url in ["https://127.0.0.1:2379", "https://[::1]:2379", "https://localhost:2379"] {
+            let err = refuse_reset_loopback(url).unwrap_err();
+            assert!(
+                err.to_string().contains(url) && err.to_string().contains("--cluster-reset"),
+                "{err}"
+            );
+        }
+        // Other loopback addresses are real members (the test harness gives
+        // each its own 127.x address), and node addresses are of course fine.
+        for url in ["https://127.77.3.1:2379", "https://10.0.0.5:2379", "https://[fd00::1]:2379"] {
+            assert!(refuse_reset_loopback(url).is_ok(), "{url}");
+        }
+    }
 
     #[test]
     fn direct_dials_the_url_and_verifies_its_host() {

@@ -6,8 +6,8 @@
 //! `/tmp/k3scp-etcd-block-<b>.lock`, held for its life, so threads of one test
 //! binary and concurrent processes never collide. At most
 //! [`MAX_CLUSTERS_PER_PROCESS`] clusters run at once per process (the machines
-//! have 2 cores), and members use a generous heartbeat/election timeout so a
-//! loaded CPU does not cause elections. Every wait polls a condition with a
+//! have 2 cores), and members run k3s's heartbeat/election timing (500/5000 ms),
+//! which also keeps a loaded CPU from causing elections. Every wait polls a condition with a
 //! deadline. Dropping the cluster kills every member (also on panic), and
 //! members get SIGKILL if the process that started them dies.
 //!
@@ -40,8 +40,11 @@ const BLOCK_PREFIX: (u8, u8) = (127, 77);
 /// Second octet of the client addresses members listen on when their
 /// advertised (Node) address must not be reachable.
 const HIDDEN_CLIENT_OCTET: u8 = 78;
-const HEARTBEAT_MS: u32 = 100;
-const ELECTION_MS: u32 = 1500;
+/// k3s's own raft timing (docs/k3s.md R1): every test world runs at it, so
+/// detection times, MoveLeader and confirmation limits are exercised as k3s
+/// runs them. A builder's `raft_timing` overrides it where a test says why.
+const HEARTBEAT_MS: u32 = 500;
+const ELECTION_MS: u32 = 5000;
 const POLL: Duration = Duration::from_millis(100);
 const CLIENT_PORT: u16 = 2379;
 /// The advertised peer port (the proxy's, when there is one).

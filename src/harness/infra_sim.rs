@@ -1,8 +1,9 @@
 //! What an infrastructure provider and k3s do for a control-plane Machine of a
 //! [`Sandbox`], for tests and the demo where no real machines exist:
 //! - [`provision`]: the new server boots and k3s joins etcd as k3s does (a
-//!   learner, promoted once in sync), registers its Node with the k3s etcd
-//!   annotations, and the Machine reports `status.nodeRef` and addresses;
+//!   learner), registers its Node with the k3s etcd annotations and the
+//!   Machine reports `status.nodeRef` and addresses while it is a learner,
+//!   then it is promoted once in sync;
 //! - [`decommission`]: a deleted Machine's server goes away (its etcd process
 //!   stops, CAPI deletes its Node).
 //!
@@ -74,15 +75,17 @@ pub async fn provision(
             m.listen_client_addr(),
         )
     };
+    // k3s registers the Node (and CAPI sets the nodeRef) while the member
+    // is still a learner; promotion comes later (docs/k3s.md L1).
+    sandbox.add_node(&node, &ip, Some(&member)).await?;
+    sandbox.add_etcd_proxy(&node, proxied).await?;
+    sandbox.provision(machine, &node, &ip).await?;
     let promote_attempts = promote(sandbox, member_id, deadline)
         .await
         .map_err(sandbox_err(&format!("promote etcd learner {member}")))?;
     wait_voter_in_sync(sandbox, &member, deadline)
         .await
         .map_err(sandbox_err(&format!("etcd member {member} joining")))?;
-    sandbox.add_node(&node, &ip, Some(&member)).await?;
-    sandbox.add_etcd_proxy(&node, proxied).await?;
-    sandbox.provision(machine, &node, &ip).await?;
     while sandbox.machines.len() < index {
         sandbox.machines.push(String::new());
     }
