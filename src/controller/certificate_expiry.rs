@@ -103,6 +103,12 @@ pub fn record_expiries(
         decision
             .certificates
             .iter()
-            .map(|(machine, e)| (machine.as_str(), e.at.timestamp())),
+            .map(|(machine, e)| (machine.as_str(), "etcd-serving", e.at.timestamp()))
+            .chain(
+                decision
+                    .cluster_cas
+                    .iter()
+                    .map(|(purpose, at)| ("", purpose.certificate_label(), at.timestamp())),
+            ),
     );
 }

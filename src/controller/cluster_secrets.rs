@@ -47,6 +47,8 @@ pub struct ClusterSecretObjects {
 pub(super) struct Parsed {
     /// Per [`CaPurpose`], in declaration order: usable, or why not.
     cas: [OnceLock<std::result::Result<(), String>>; 3],
+    /// Per [`CaPurpose`]: its certificate's notAfter, when it can be read.
+    ca_not_after: [OnceLock<Option<DateTime<Utc>>>; 3],
     kubeconfig: OnceLock<KubeconfigContent>,
 }
 
@@ -94,6 +96,17 @@ impl ClusterSecretObjects {
                 .map_err(|e| e.to_string())
         });
         Some(checked.as_ref().map(|_| ()).map_err(String::as_str))
+    }
+
+    /// When the CA certificate of `purpose` expires; `None` when the Secret
+    /// was not found or its `tls.crt` cannot be read (its validity says why).
+    pub fn ca_not_after(&self, purpose: CaPurpose) -> Option<DateTime<Utc>> {
+        let secret = self.ca(purpose)?;
+        *self.parsed.ca_not_after[purpose_index(purpose)].get_or_init(|| {
+            let pem = secret.data.as_ref()?.get("tls.crt")?;
+            let pem = std::str::from_utf8(&pem.0).ok()?;
+            crate::pki::ca::not_after(pem, "tls.crt").ok()
+        })
     }
 
     /// Whether `other` holds the same five Secrets at the same versions (uid
@@ -246,6 +259,11 @@ pub fn secrets_view(
         endpoint,
         now,
         kubeconfig_policy: *policy,
+        ca_not_after: CaPurpose::ALL
+            .into_iter()
+            .filter(|p| objects.ca_validity(*p) == Some(Ok(())))
+            .filter_map(|p| Some((p, objects.ca_not_after(p)?)))
+            .collect(),
     }
 }
 

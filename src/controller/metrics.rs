@@ -51,7 +51,8 @@ pub struct CertificateLabels {
     /// `<namespace>/<cluster>`.
     pub cluster: String,
     pub machine: String,
-    /// Which certificate: `etcd-serving` (the only one observed so far).
+    /// Which certificate: `etcd-serving` (a Machine's member), or a cluster
+    /// CA: `server-ca`, `client-ca`, `etcd-server-ca` (no Machine).
     pub certificate: String,
 }
 
@@ -341,18 +342,20 @@ impl Metrics {
 
     /// The certificate expiry series of `cluster`: exactly `expiries`
     /// (Machine, Unix time); the cluster's other series go.
+    /// `expiries`: (Machine, certificate, notAfter as Unix time); a cluster
+    /// CA has no Machine (empty).
     pub fn certificate_expiries<'a>(
         &self,
         cluster: &str,
-        expiries: impl Iterator<Item = (&'a str, i64)>,
+        expiries: impl Iterator<Item = (&'a str, &'a str, i64)>,
     ) {
         let wanted: std::collections::HashMap<CertificateLabels, i64> = expiries
-            .map(|(machine, at)| {
+            .map(|(machine, certificate, at)| {
                 (
                     CertificateLabels {
                         cluster: cluster.to_string(),
                         machine: machine.to_string(),
-                        certificate: "etcd-serving".into(),
+                        certificate: certificate.to_string(),
                     },
                     at,
                 )

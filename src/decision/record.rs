@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use crate::api::RemediationData;
 use crate::api::conditions;
 use crate::api::kcp::KThreesControlPlaneStatus;
-use crate::lifecycle::{Lifecycle, decide as decide_lifecycle_view, plan_secrets};
+use crate::lifecycle::{CaPurpose, Lifecycle, decide as decide_lifecycle_view, plan_secrets};
 use crate::membership::MembershipMap;
 use crate::rollout::certificates::{Expiry, annotation_to_write, expiries};
 use crate::rollout::{Desired, OutdatedMachines, outdated_machines};
@@ -40,6 +40,8 @@ pub struct Decision {
     pub mapping: Option<MembershipMap>,
     /// Each Machine's certificates expiry, where known, and where it came from.
     pub certificates: BTreeMap<String, Expiry>,
+    /// When each usable cluster CA expires (generated or brought).
+    pub cluster_cas: BTreeMap<CaPurpose, chrono::DateTime<chrono::Utc>>,
     /// Bootstrap configs that get our observed expiry as their
     /// `machine.cluster.x-k8s.io/certificates-expiry` annotation: (Machine, value).
     pub certificate_annotations: Vec<(String, String)>,
@@ -104,6 +106,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         let condition = certificates_condition(
             &certificates,
             desired.certificates_expiry_days,
+            &expiring_cas(world.cluster_name.as_deref(), &world.secrets.ca_not_after, world.now),
             world.now,
             world.kcp.metadata.generation,
         );
@@ -138,6 +141,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         outdated,
         mapping,
         certificates,
+        cluster_cas: world.secrets.ca_not_after.clone(),
         certificate_annotations,
         replicas,
         plan,
@@ -155,9 +159,36 @@ pub const CERTIFICATES_EXPIRING: &str = "CertificatesExpiring";
 /// The warning window when `rolloutBefore.certificatesExpiryDays` is unset.
 pub const CERTIFICATES_WARNING_DAYS: i32 = 30;
 
+/// A cluster CA is reported this long before it expires: no rollout renews
+/// a CA; a person rotates it (`k3s certificate rotate-ca`), which takes
+/// planning.
+pub const CA_WARNING_DAYS: i64 = 365;
+
+/// The cluster CAs that expire within [`CA_WARNING_DAYS`], as
+/// "Secret at time (in N days)".
+fn expiring_cas(
+    cluster: Option<&str>,
+    cas: &BTreeMap<CaPurpose, chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<String> {
+    let limit = now + chrono::Duration::days(CA_WARNING_DAYS);
+    cas.iter()
+        .filter(|(_, at)| **at <= limit)
+        .map(|(purpose, at)| {
+            format!(
+                "cluster CA {} at {} (in {} days)",
+                purpose.secret_name(cluster.unwrap_or_default()),
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                (*at - now).num_days()
+            )
+        })
+        .collect()
+}
+
 fn certificates_condition(
     certificates: &BTreeMap<String, Expiry>,
     rollout_before_days: Option<i32>,
+    cas: &[String],
     now: chrono::DateTime<chrono::Utc>,
     generation: Option<i64>,
 ) -> Condition {
@@ -173,15 +204,24 @@ fn certificates_condition(
             )
         })
         .collect();
-    let (status, reason, message) = if expiring.is_empty() {
-        (
-            "False",
-            "NotExpiring",
-            format!(
-                "no known certificate expires within {days} days ({} of them known)",
-                certificates.len()
-            ),
+    let ca_note = (!cas.is_empty()).then(|| {
+        format!(
+            "{} within {CA_WARNING_DAYS} days: no rollout renews a CA; rotate it before then (k3s certificate rotate-ca, then the new CA into the Secret)",
+            cas.join(", ")
         )
+    });
+    let (status, reason, message) = if expiring.is_empty() {
+        match ca_note {
+            Some(note) => ("True", "CAExpiringSoon", note),
+            None => (
+                "False",
+                "NotExpiring",
+                format!(
+                    "no known certificate expires within {days} days ({} of them known)",
+                    certificates.len()
+                ),
+            ),
+        }
     } else {
         let then = if rollout_before_days.is_some() {
             "they are rolled out (rolloutBefore.certificatesExpiryDays)"
@@ -192,8 +232,9 @@ fn certificates_condition(
             "True",
             "ExpiringSoon",
             format!(
-                "certificates expire within {days} days: {}; {then}",
-                expiring.join(", ")
+                "certificates expire within {days} days: {}; {then}{}",
+                expiring.join(", "),
+                ca_note.map(|n| format!("; {n}")).unwrap_or_default()
             ),
         )
     };
@@ -423,6 +464,52 @@ mod tests {
         assert!(decision.plan.is_none());
         assert_eq!(decision.rule(), rule);
         assert_eq!(decision.event(), None);
+    }
+
+    /// A cluster CA is reported a year ahead (no rollout renews it); one
+    /// further out is not; the record carries every CA's expiry for the
+    /// metric and inspect.
+    #[test]
+    fn a_cluster_ca_is_reported_a_year_before_it_expires() {
+        let condition = |ca_days: i64| {
+            let mut w = world(valid_spec(), Some("c"));
+            w.secrets
+                .ca_not_after
+                .insert(CaPurpose::Etcd, w.now + chrono::Duration::days(ca_days));
+            w.secrets.ca_not_after.insert(
+                CaPurpose::Server,
+                w.now + chrono::Duration::days(3650),
+            );
+            let decision = decide(&w, proceed(&w));
+            assert_eq!(decision.cluster_cas.len(), 2);
+            decision
+                .status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CERTIFICATES_EXPIRING)
+                .cloned()
+                .expect("CertificatesExpiring")
+        };
+        let soon = condition(200);
+        assert_eq!(
+            (soon.status.as_str(), soon.reason.as_str()),
+            ("True", "CAExpiringSoon")
+        );
+        assert!(
+            soon.message.contains("cluster CA c-etcd")
+                && (soon.message.contains("(in 199 days)") || soon.message.contains("(in 200 days)"))
+                && soon.message.contains("rotate")
+                && !soon.message.contains("c-ca "),
+            "{}",
+            soon.message
+        );
+        let later = condition(400);
+        assert_eq!(
+            (later.status.as_str(), later.reason.as_str()),
+            ("False", "NotExpiring"),
+            "{}",
+            later.message
+        );
     }
 
     #[test]

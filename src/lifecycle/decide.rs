@@ -219,6 +219,7 @@ mod tests {
                 endpoint: Some("https://127.0.0.1:6443".into()),
                 now: chrono::Utc::now(),
                 kubeconfig_policy: crate::pki::KubeconfigPolicy::default(),
+                ca_not_after: Default::default(),
             },
             machines: vec![OwnedMachine {
                 name: "cp-1".into(),

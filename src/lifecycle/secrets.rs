@@ -7,6 +7,8 @@
 //! when the endpoint moved. A Secret that exists but cannot be used blocks
 //! everything else, with the Secret and key named.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 
 use crate::pki::KubeconfigPolicy;
@@ -34,6 +36,15 @@ impl CaPurpose {
             CaPurpose::Server => "-ca",
             CaPurpose::Client => "-cca",
             CaPurpose::Etcd => "-etcd",
+        }
+    }
+
+    /// The `certificate` label of its expiry metric, after k3s's file name.
+    pub fn certificate_label(self) -> &'static str {
+        match self {
+            CaPurpose::Server => "server-ca",
+            CaPurpose::Client => "client-ca",
+            CaPurpose::Etcd => "etcd-server-ca",
         }
     }
 
@@ -101,6 +112,8 @@ pub struct SecretsView {
     pub now: DateTime<Utc>,
     /// When an owned kubeconfig's client certificate is renewed.
     pub kubeconfig_policy: KubeconfigPolicy,
+    /// notAfter of each usable CA's certificate (generated or brought).
+    pub ca_not_after: BTreeMap<CaPurpose, DateTime<Utc>>,
 }
 
 impl SecretsView {
@@ -117,6 +130,7 @@ impl SecretsView {
             endpoint: None,
             now,
             kubeconfig_policy: KubeconfigPolicy::default(),
+            ca_not_after: BTreeMap::new(),
         }
     }
 
@@ -308,6 +322,7 @@ mod tests {
             endpoint: Some(URL.into()),
             now: now(),
             kubeconfig_policy: KubeconfigPolicy::default(),
+            ca_not_after: BTreeMap::new(),
         }
     }
 

@@ -131,6 +131,21 @@ pub fn render_text(report: &Report) -> String {
             _ => "etcd space care: off (run --etcd-space-care)".to_string(),
         });
     }
+    if !report.cluster_cas.is_empty() {
+        line(format!(
+            "cluster CAs: {}",
+            report
+                .cluster_cas
+                .iter()
+                .map(|ca| format!(
+                    "{} until {}",
+                    ca.secret,
+                    ca.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if !report.members.is_empty() {
         line(String::new());
         out.push_str(&render_members(report));

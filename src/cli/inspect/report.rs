@@ -34,7 +34,17 @@ pub struct Report {
     pub quorum: Option<QuorumReport>,
     /// etcd's space; absent without a membership.
     pub space: Option<SpaceReport>,
+    /// Each usable cluster CA: its Secret and when it expires.
+    pub cluster_cas: Vec<CaReport>,
     pub next: NextReport,
+}
+
+/// One cluster CA's expiry.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CaReport {
+    pub secret: String,
+    pub not_after: chrono::DateTime<chrono::Utc>,
 }
 
 /// etcd's space as the decision record has it.
@@ -506,6 +516,14 @@ impl Report {
                 rule: s.decision.as_ref().map(|d| d.rule()),
                 message: s.decision.as_ref().map(|d| d.message().to_string()),
             }),
+            cluster_cas: decision
+                .cluster_cas
+                .iter()
+                .map(|(purpose, at)| CaReport {
+                    secret: purpose.secret_name(world.cluster_name.as_deref().unwrap_or_default()),
+                    not_after: *at,
+                })
+                .collect(),
             quorum: snapshot.map(|snap| {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
