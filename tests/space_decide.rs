@@ -126,6 +126,7 @@ fn world() -> World {
             alarms_error: None,
         }),
         members_first_seen: Default::default(),
+        leadership_move: None,
         serving_certs: Default::default(),
         etcd_transport: None,
         orphan_grace: std::time::Duration::from_secs(300),

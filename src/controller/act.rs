@@ -133,17 +133,9 @@ pub async fn act(
                 .map_err(act_err)?;
         }
         Step::MoveLeadership { from, to } => {
+            // Beside the reconcile: a later pass confirms it (leadership.rs).
             let etcd = require_etcd(&etcd, world, &step_name)?;
-            let started = Instant::now();
-            let moved = etcd
-                .move_leader_off(*from, Some(*to))
-                .await
-                .map_err(|source| Error::Etcd {
-                    step: step_name.clone(),
-                    source,
-                })?;
-            ctx.metrics.etcd_operation("move_leader", started.elapsed());
-            info!(?moved, "etcd leadership moved");
+            super::leadership::start(ctx, world, etcd, &removal.machine, *from, *to);
         }
         Step::DeleteMachine { machine } => {
             let uid = world.machine(machine).and_then(|m| m.uid());
@@ -468,7 +460,7 @@ fn event_reason(step: &Step) -> &'static str {
     match step {
         Step::RecordRemediation { .. } => "RemediationStarted",
         Step::AddHook { .. } => "PreTerminateHookAdded",
-        Step::MoveLeadership { .. } => "EtcdLeadershipMoved",
+        Step::MoveLeadership { .. } => "EtcdLeadershipMoveStarted",
         Step::DeleteMachine { .. } => "MachineDeleting",
         Step::RemoveMember { .. } => "EtcdMemberRemoved",
         Step::ReleaseHook { .. } => "PreTerminateHookReleased",
@@ -489,7 +481,7 @@ fn describe(removal: &Removal, step: &Step, plan: &Plan, created: Option<&str>) 
     };
     match step {
         Step::MoveLeadership { from, to } => format!(
-            "moved etcd leadership from {} to {} (removing {})",
+            "moving etcd leadership from {} to {} (removing {}); confirmed on a later pass",
             member_name(*from),
             member_name(*to),
             removal.machine

@@ -110,6 +110,8 @@ pub struct Context {
     /// Certificate expiry annotations written (`namespace/config`, value), so
     /// that one is written once while CAPI has not copied it yet.
     pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
+    /// Leadership moves started and not yet confirmed, by cluster.
+    pub leadership_moves: super::leadership::LeadershipMoves,
 }
 
 impl Context {
@@ -145,6 +147,7 @@ impl Context {
             secrets,
             leader,
             certificate_annotations: Mutex::new(Default::default()),
+            leadership_moves: Default::default(),
         })
     }
 
@@ -211,6 +214,7 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key);
+        self.leadership_moves.forget_cluster(&key);
         self.metrics.forget_cluster(&key);
     }
 

@@ -16,6 +16,7 @@ pub mod leader;
 pub mod leader_guard;
 pub mod metrics;
 pub mod observe;
+pub mod leadership;
 pub mod publish;
 pub mod reconcile;
 pub mod status;

@@ -253,6 +253,7 @@ async fn decide_and_act(
         },
     };
     record_etcd_quorum(ctx, &world);
+    world.leadership_move = super::leadership::observe(ctx, &world).await;
     let decision = decide(&world, lifecycle);
     record_etcd_space(ctx, &world, decision.etcd_space.as_ref());
     if let (Some(machine), Some(plan)) = (continuing, decision.planned())
@@ -381,7 +382,7 @@ async fn act_on_plan(
             } else {
                 tracing::debug!(rule = %plan.rule, "{}", plan.message);
             }
-            Ok(Pass::Done(Requeue::requeue(ctx.settings.wait_requeue)))
+            Ok(Pass::Done(Requeue::requeue(wait_requeue(ctx, &plan.rule))))
         }
         Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
         Action::Step { removal, .. } => {
@@ -397,6 +398,18 @@ async fn act_on_plan(
         Action::CreateMachine | Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => {
             Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
+    }
+}
+
+/// How soon a wait is looked at again: a leadership move under way is
+/// confirmed within about a heartbeat, so soon; any other wait at the
+/// configured pace.
+fn wait_requeue(ctx: &Context, rule: &str) -> Duration {
+    let moving = crate::remediation::steps::WaitReason::LeadershipMoving.as_str();
+    if rule.ends_with(&format!(".wait.{moving}")) {
+        ctx.settings.wait_requeue.min(Duration::from_millis(250))
+    } else {
+        ctx.settings.wait_requeue
     }
 }
 

@@ -75,6 +75,7 @@ fn removal_wait(wait: &str) -> WaitEvent {
         Some(WaitReason::OlderDeletion) => normal("WaitingForOlderDeletion"),
         Some(WaitReason::MachineGoing) => normal("WaitingForMachineDeletion"),
         Some(WaitReason::AnotherRemediation) => normal("WaitingForAnotherRemediation"),
+        Some(WaitReason::LeadershipMoving) => normal("WaitingForLeadershipMove"),
         Some(_) | None => warning("RemovalBlocked"),
     }
 }
@@ -165,6 +166,12 @@ mod tests {
                 "removal.wait.machine-going",
                 EventType::Normal,
                 "WaitingForMachineDeletion",
+                None,
+            ),
+            (
+                "remediation.wait.leadership-moving",
+                EventType::Normal,
+                "WaitingForLeadershipMove",
                 None,
             ),
             (

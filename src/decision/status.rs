@@ -580,6 +580,7 @@ mod tests {
             etcd,
             etcd_transport: None,
             members_first_seen: Default::default(),
+            leadership_move: None,
             serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),

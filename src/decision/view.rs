@@ -320,6 +320,15 @@ fn machine_view(
         has_upstream_hook: has_upstream_hook(annotations),
         other_pre_terminate_hooks: other_pre_terminate_hooks(annotations),
         waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,
+        leadership_move: world
+            .leadership_move
+            .as_ref()
+            .filter(|m| m.machine == name)
+            .map(|m| crate::remediation::model::MoveInFlight {
+                from: m.from,
+                to: m.to,
+                in_time: world.now < m.deadline,
+            }),
     })
 }
 
@@ -443,6 +452,7 @@ mod tests {
             workload: WorkloadState::Nodes(vec![]),
             etcd,
             members_first_seen: Default::default(),
+            leadership_move: None,
             serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),

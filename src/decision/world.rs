@@ -57,6 +57,9 @@ pub struct World {
     pub etcd_transport: Option<String>,
     /// When this controller first saw each etcd member (by id).
     pub members_first_seen: std::collections::BTreeMap<u64, DateTime<Utc>>,
+    /// The leadership move this process started on this cluster and has not
+    /// yet seen finish; in memory only ([`LeadershipMove`]).
+    pub leadership_move: Option<LeadershipMove>,
     /// When each member's etcd serving certificate expires (by id), as our
     /// handshakes with it verified it; absent before one.
     pub serving_certs: std::collections::BTreeMap<u64, DateTime<Utc>>,
@@ -125,4 +128,20 @@ impl World {
             *slot = updated;
         }
     }
+}
+
+/// A leadership move started and not yet confirmed. The MoveLeader call runs
+/// beside the reconcile, which requeues and confirms the new leader on a
+/// later pass instead of holding a worker for it. Kept in memory only: a
+/// restart forgets it, the target is then still the leader (or not), and the
+/// step machine issues the move again (or goes on): that is the resume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeadershipMove {
+    /// The Machine whose member gives up leadership.
+    pub machine: String,
+    pub from: u64,
+    pub to: u64,
+    pub started: DateTime<Utc>,
+    /// After this, a target still leading means the move failed: issue it again.
+    pub deadline: DateTime<Utc>,
 }

@@ -216,6 +216,18 @@ pub struct MachineView {
     /// (v1beta2 `Deleting=True` reason `WaitingForPreTerminateHook`; v1beta1
     /// `PreTerminateDeleteHookSucceeded=False`).
     pub waiting_for_pre_terminate_hook: bool,
+    /// A leadership move off this Machine's member that this process started
+    /// and has not seen finish.
+    pub leadership_move: Option<MoveInFlight>,
+}
+
+/// A leadership move under way, as the removal steps read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoveInFlight {
+    pub from: u64,
+    pub to: u64,
+    /// Still within its deadline (at least two election timeouts).
+    pub in_time: bool,
 }
 
 impl MachineView {
@@ -243,6 +255,7 @@ impl MachineView {
             has_upstream_hook: false,
             other_pre_terminate_hooks: Vec::new(),
             waiting_for_pre_terminate_hook: false,
+            leadership_move: None,
         }
     }
 

@@ -81,6 +81,9 @@ pub enum WaitReason {
     /// A Machine left deleting by cluster-api-k3s has no mapped member, but
     /// some member is claimed by no Machine: it could be this Machine's.
     UpstreamMemberUnknown,
+    /// A leadership move off the target was started and is not confirmed
+    /// yet (within its deadline): a later pass confirms it.
+    LeadershipMoving,
 }
 
 impl WaitReason {
@@ -97,10 +100,11 @@ impl WaitReason {
             WaitReason::NoMemberToAsk => "no-member-to-ask",
             WaitReason::MachineGoing => "machine-going",
             WaitReason::UpstreamMemberUnknown => "upstream-member-unknown",
+            WaitReason::LeadershipMoving => "leadership-moving",
         }
     }
 
-    pub const ALL: [WaitReason; 10] = [
+    pub const ALL: [WaitReason; 11] = [
         WaitReason::AnotherRemediation,
         WaitReason::EtcdUnreachable,
         WaitReason::NoTransferee,
@@ -111,6 +115,7 @@ impl WaitReason {
         WaitReason::NoMemberToAsk,
         WaitReason::MachineGoing,
         WaitReason::UpstreamMemberUnknown,
+        WaitReason::LeadershipMoving,
     ];
 
     /// An ordinary part of a removal (CAPI draining, hooks, the Machine
@@ -124,6 +129,7 @@ impl WaitReason {
                 | WaitReason::OtherHooks
                 | WaitReason::OlderDeletion
                 | WaitReason::MachineGoing
+                | WaitReason::LeadershipMoving
         )
     }
 }
@@ -524,6 +530,20 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
     if membership.leader != Some(member) {
         return None;
     }
+    // Started on an earlier pass and not over yet: confirm later rather than
+    // asking again (a move past its deadline is asked again, as after a restart).
+    if let Some(moving) = target
+        .leadership_move
+        .filter(|m| m.from == member && m.in_time)
+    {
+        return Some(wait(
+            WaitReason::LeadershipMoving,
+            format!(
+                "etcd leadership is moving off {} (member {:x}) to member {:x}; confirmed on a later pass",
+                target.name, moving.from, moving.to
+            ),
+        ));
+    }
     Some(
         match leadership_transferee(view, membership, target, member) {
             Some(to) => Step::MoveLeadership { from: member, to },
@@ -767,6 +787,56 @@ mod upstream_hook_tests {
             Step::MoveLeadership { from: 1, to: 2 | 3 }
         ));
         assert!(matches!(steps[2], Step::RemoveMember { member: 1, via, .. } if via != 1));
+    }
+
+    /// The leader m1 is being removed: a move started and within its deadline
+    /// is waited for (a later pass confirms it), a move past its deadline or
+    /// one this process does not remember (a restart) is asked again, and
+    /// once leadership left m1 the member is removed.
+    #[test]
+    fn a_leadership_move_in_flight_is_confirmed_later_not_asked_again() {
+        use crate::remediation::model::MoveInFlight;
+        let mut view = left_deleting_by_upstream();
+        m1(&mut view).has_upstream_hook = false;
+        m1(&mut view).has_our_hook = true;
+        m1(&mut view).hook_member = Some(1);
+        let removal = resume(&view).expect("in flight");
+        let cases = [
+            (
+                "a_move_started_and_in_time_is_waited_for",
+                Some(MoveInFlight { from: 1, to: 2, in_time: true }),
+                Some(1),
+                "wait:leadership-moving",
+            ),
+            (
+                "a_move_past_its_deadline_is_asked_again",
+                Some(MoveInFlight { from: 1, to: 2, in_time: false }),
+                Some(1),
+                "move-leadership",
+            ),
+            (
+                "after_a_restart_nothing_is_remembered_and_the_move_is_asked_again",
+                None,
+                Some(1),
+                "move-leadership",
+            ),
+            (
+                "leadership_left_the_target_so_its_member_is_removed",
+                Some(MoveInFlight { from: 1, to: 2, in_time: true }),
+                Some(2),
+                "remove-member",
+            ),
+        ];
+        for (name, moving, leader, want) in cases {
+            let mut view = view.clone();
+            m1(&mut view).leadership_move = moving;
+            membership(&mut view).leader = leader;
+            let got = match next_step(&view, &removal) {
+                Step::Wait { reason, .. } => format!("wait:{}", reason.as_str()),
+                step => step.name().to_string(),
+            };
+            assert_eq!(got, want, "{name}");
+        }
     }
 
     /// k3s restarted on m1 after our removal of its member (the tombstone):

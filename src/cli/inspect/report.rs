@@ -740,6 +740,7 @@ mod report_tests {
                 alarms_error: None,
             }),
             members_first_seen: Default::default(),
+            leadership_move: None,
             serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),

@@ -1,0 +1,134 @@
+//! A leadership move that does not hold a reconcile worker: the MoveLeader
+//! call runs beside the reconcile, which records the move and requeues; a
+//! later pass sees the new leader in its own snapshot, says so, and the
+//! removal goes on. The record is in memory: after a restart the target
+//! still leads (the step machine asks for the move again) or no longer does
+//! (it goes on), so nothing is lost with it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kube::runtime::events::EventType;
+use tracing::info;
+
+use crate::decision::world::{EtcdObservation, LeadershipMove, World};
+use crate::etcd::EtcdCluster;
+
+use super::context::Context;
+use super::publish::{machine_ref, publish_about};
+
+/// The moves started, by cluster (`namespace/cluster`): at most one each, as
+/// one removal runs at a time.
+#[derive(Clone, Default)]
+pub struct LeadershipMoves(Arc<Mutex<HashMap<String, (LeadershipMove, Instant)>>>);
+
+impl LeadershipMoves {
+    fn get(&self, cluster: &str) -> Option<(LeadershipMove, Instant)> {
+        self.lock().get(cluster).cloned()
+    }
+
+    fn insert(&self, cluster: &str, started: LeadershipMove) {
+        self.lock()
+            .insert(cluster.to_string(), (started, Instant::now()));
+    }
+
+    /// Forget the move of `cluster` if it is still `which` (a newer one stays).
+    fn forget(&self, cluster: &str, which: &LeadershipMove) {
+        let mut moves = self.lock();
+        if moves.get(cluster).is_some_and(|(m, _)| m == which) {
+            moves.remove(cluster);
+        }
+    }
+
+    /// Everything held for `cluster` (its control plane is gone).
+    pub fn forget_cluster(&self, cluster: &str) {
+        self.lock().remove(cluster);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (LeadershipMove, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn cluster_key(world: &World) -> String {
+    format!(
+        "{}/{}",
+        world.kcp.metadata.namespace.as_deref().unwrap_or_default(),
+        world.cluster_name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The move under way on `world`'s cluster, as its snapshot shows it: one
+/// whose target no longer leads, in a cluster that has settled on its new
+/// leader (every voter it needs follows it: none reports "no leader" or
+/// fails a linearizable read, as right after a handover), is confirmed here
+/// (an Event about the Machine with the time it took, the metric) and
+/// forgotten. Until then the removal waits, as a move in flight.
+pub async fn observe(ctx: &Context, world: &World) -> Option<LeadershipMove> {
+    let key = cluster_key(world);
+    let (moving, started) = ctx.leadership_moves.get(&key)?;
+    let EtcdObservation::Observed(snapshot) = &world.etcd else {
+        return Some(moving);
+    };
+    let leader = snapshot.leader.filter(|l| *l != 0);
+    let settled = snapshot.assess_cluster().has_quorum();
+    if leader.is_none() || leader == Some(moving.from) || !settled {
+        return Some(moving);
+    }
+    ctx.leadership_moves.forget(&key, &moving);
+    let took = started.elapsed();
+    ctx.metrics.etcd_operation("move_leader", took);
+    let label = |id: u64| {
+        snapshot
+            .member(id)
+            .map_or_else(|| format!("{id:016x}"), |m| m.label())
+    };
+    let note = format!(
+        "moved etcd leadership from {} to {} (removing {}), confirmed after {} ms",
+        label(moving.from),
+        leader.map_or_else(String::new, label),
+        moving.machine,
+        took.as_millis()
+    );
+    info!(machine = %moving.machine, "{note}");
+    let related = Some(machine_ref(
+        world.kcp.metadata.namespace.as_deref().unwrap_or_default(),
+        &moving.machine,
+    ));
+    publish_about(
+        ctx,
+        &world.kcp,
+        EventType::Normal,
+        "EtcdLeadershipMoved",
+        &note,
+        related,
+    )
+    .await;
+    None
+}
+
+/// Start moving leadership off `from` (the member of `machine`) to `to`:
+/// recorded, then asked for beside the reconcile. A failed call forgets the
+/// record, so the next pass asks again.
+pub fn start(ctx: &Context, world: &World, etcd: Arc<EtcdCluster>, machine: &str, from: u64, to: u64) {
+    let timeouts = etcd.timeouts();
+    let deadline = chrono::Duration::from_std(timeouts.move_leader() + timeouts.confirmation())
+        .unwrap_or(chrono::Duration::MAX);
+    let moving = LeadershipMove {
+        machine: machine.to_string(),
+        from,
+        to,
+        started: world.now,
+        deadline: world.now + deadline,
+    };
+    let key = cluster_key(world);
+    ctx.leadership_moves.insert(&key, moving.clone());
+    let moves = ctx.leadership_moves.clone();
+    tokio::spawn(async move {
+        if let Err(err) = etcd.move_leader_off(from, Some(to)).await {
+            info!(%err, machine = %moving.machine, "etcd leadership move failed; it is asked for again on the next pass");
+            moves.forget(&key, &moving);
+        }
+    });
+}
