@@ -39,21 +39,19 @@ async fn unreachable_sandbox() -> Sandbox {
     sandbox
 }
 
-fn proxy_pod(node: &str) -> String {
-    format!("etcd-proxy-{node}")
+async fn proxy_pod(sandbox: &Sandbox, node: &str) -> String {
+    sandbox.etcd_proxy_pod(node).await.unwrap()
 }
 
-fn tunnels(sandbox: &Sandbox) -> u64 {
-    sandbox
-        .etcd
-        .members()
-        .iter()
-        .map(|m| {
-            sandbox
-                .workload
-                .port_forwards_opened(ETCD_PROXY_NAMESPACE, &proxy_pod(&m.node_name))
-        })
-        .sum()
+async fn tunnels(sandbox: &Sandbox) -> u64 {
+    let mut opened = 0;
+    for m in sandbox.etcd.members() {
+        let pod = proxy_pod(sandbox, &m.node_name).await;
+        opened += sandbox
+            .workload
+            .port_forwards_opened(ETCD_PROXY_NAMESPACE, &pod);
+    }
+    opened
 }
 
 /// Every message of the KThreesControlPlane's conditions, joined.
@@ -73,7 +71,7 @@ async fn with_unreachable_node_addresses_auto_falls_back_and_remediation_runs_th
     let leader_index = sandbox.etcd.index_of(leader_id).unwrap();
     let target = sandbox.machines[leader_index].clone();
     let target_member = sandbox.etcd.member(leader_index).name.clone();
-    assert_eq!(tunnels(&sandbox), 0);
+    assert_eq!(tunnels(&sandbox).await, 0);
 
     // Default settings: --etcd-transport auto.
     let controller = sandbox.start_controller();
@@ -100,7 +98,7 @@ async fn with_unreachable_node_addresses_auto_falls_back_and_remediation_runs_th
             || said.contains(&m0),
         "{said}"
     );
-    let opened_before = tunnels(&sandbox);
+    let opened_before = tunnels(&sandbox).await;
     assert!(opened_before > 0, "the proxies were used");
 
     sandbox.mark_unhealthy(&target).await.unwrap();
@@ -134,7 +132,7 @@ async fn with_unreachable_node_addresses_auto_falls_back_and_remediation_runs_th
     assert!(pool_tunnels > 0);
     assert_eq!(
         pool_tunnels,
-        tunnels(&sandbox),
+        tunnels(&sandbox).await,
         "every tunnel is the pool's"
     );
     assert!(
@@ -160,7 +158,7 @@ async fn a_missing_proxy_pod_is_named_with_its_node_and_selector_and_nothing_is_
     let target = sandbox.machines[0].clone();
     let missing_node = sandbox.etcd.member(1).node_name.clone();
     let pods: Api<Pod> = Api::namespaced(sandbox.workload.client(), ETCD_PROXY_NAMESPACE);
-    pods.delete(&proxy_pod(&missing_node), &DeleteParams::default())
+    pods.delete(&proxy_pod(&sandbox, &missing_node).await, &DeleteParams::default())
         .await
         .unwrap();
 
@@ -221,7 +219,7 @@ async fn a_pending_proxy_pod_is_named_with_its_phase_and_nothing_is_removed() {
     let pending_node = sandbox.etcd.member(1).node_name.clone();
     let pods: Api<Pod> = Api::namespaced(sandbox.workload.client(), ETCD_PROXY_NAMESPACE);
     pods.patch_status(
-        &proxy_pod(&pending_node),
+        &proxy_pod(&sandbox, &pending_node).await,
         &PatchParams::default(),
         &Patch::Merge(serde_json::json!({"status": {"phase": "Pending"}})),
     )
@@ -232,7 +230,7 @@ async fn a_pending_proxy_pod_is_named_with_its_phase_and_nothing_is_removed() {
     sandbox.mark_unhealthy(&target).await.unwrap();
     let needle = format!(
         "{ETCD_PROXY_NAMESPACE}/{} on node {pending_node} is Pending, not Running",
-        proxy_pod(&pending_node)
+        proxy_pod(&sandbox, &pending_node).await
     );
     sandbox
         .wait_for("the Pending proxy to be named", LIMIT, || async {

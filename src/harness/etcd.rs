@@ -499,7 +499,7 @@ fn block_transport(block: &Block, hidden: bool) -> Transport {
     Transport::Relayed(std::sync::Arc::new(relay))
 }
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(

@@ -537,10 +537,19 @@ impl Sandbox {
         member: std::net::SocketAddr,
     ) -> Result<(), SandboxError> {
         use crate::api::names::ETCD_PROXY_NAMESPACE;
-        let name = format!("etcd-proxy-{node}");
+        // As the DaemonSet controller names its pods: `<daemonset>-<5 chars>`.
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        let suffix: String = super::etcd::random_suffix()
+            .bytes()
+            .take(5)
+            .map(|b| ALPHABET[usize::from(b) % ALPHABET.len()] as char)
+            .collect();
+        let name = format!("etcd-proxy-{suffix}");
         let pods: Api<Pod> = Api::namespaced(self.workload.client(), ETCD_PROXY_NAMESPACE);
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"app": "etcd-proxy"}},
+            "metadata": {"name": name, "labels": {"app": "etcd-proxy"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "etcd-proxy",
+                    "uid": "etcd-proxy-daemonset", "controller": true, "blockOwnerDeletion": true}]},
             "spec": {
                 "nodeName": node,
                 "tolerations": [
@@ -568,6 +577,22 @@ impl Sandbox {
         self.workload
             .set_port_forward_target(ETCD_PROXY_NAMESPACE, &name, 2379, member);
         Ok(())
+    }
+
+    /// The name of the etcd proxy pod on `node` (generated, as the
+    /// DaemonSet's are), found as the controller finds it: by label and node.
+    pub async fn etcd_proxy_pod(&self, node: &str) -> Result<String, SandboxError> {
+        use crate::api::names::ETCD_PROXY_NAMESPACE;
+        let pods: Api<Pod> = Api::namespaced(self.workload.client(), ETCD_PROXY_NAMESPACE);
+        let list = pods
+            .list(&kube::api::ListParams::default().labels("app=etcd-proxy"))
+            .await
+            .map_err(err("list etcd proxy Pods"))?;
+        list.items
+            .into_iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(|p| p.name_any())
+            .ok_or_else(|| SandboxError(format!("no etcd proxy pod on node {node}")))
     }
 
     /// A control-plane Machine owned by the KCP; `node`: (node name, address)
