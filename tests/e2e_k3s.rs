@@ -583,3 +583,71 @@ async fn a_member_k3s_removed_through_the_annotation_lets_the_upstream_hook_go()
     controller.stop().await;
     k3s.stop().await;
 }
+
+/// An etcd-only server (k3s `--disable-apiserver`) gets the etcd label and
+/// none of the control-plane ones (docs/k3s.md D3). Its member is still
+/// found through its Node (seed, claim), its Machine's member is reported
+/// healthy, and it counts for quorum when another Machine is remediated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_only_server_is_seen_claimed_and_counted() {
+    use k3s_control_plane::api::names::NODE_ROLE_CONTROL_PLANE_LABEL;
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let leader = admin.snapshot().await.unwrap().leader.unwrap();
+    let followers: Vec<usize> = (0..3)
+        .filter(|i| sandbox.etcd.member(*i).id != leader)
+        .collect();
+    let (etcd_only, target) = (followers[0], followers[1]);
+    let etcd_only_machine = sandbox.machines[etcd_only].clone();
+    let etcd_only_node = sandbox.etcd.member(etcd_only).node_name.clone();
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    nodes
+        .patch(
+            &etcd_only_node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                NODE_ROLE_CONTROL_PLANE_LABEL: null,
+            }}})),
+        )
+        .await
+        .unwrap();
+    let controller = sandbox.start_controller();
+    sandbox
+        .wait_for("EtcdMemberHealthy=True on the etcd-only server's Machine", LIMIT, || async {
+            let m = sandbox
+                .machines_api()
+                .get(&etcd_only_machine)
+                .await
+                .map_err(|e| e.to_string())?;
+            match m.condition("EtcdMemberHealthy") {
+                Some(c) if c.status == "True" => Ok(()),
+                other => Err(format!("{:?}", other.map(|c| (c.status.to_string(), c.message.to_string())))),
+            }
+        })
+        .await
+        .unwrap();
+    // Another Machine remediated: the etcd-only member counts for quorum and
+    // stays; the target's member goes.
+    let target_machine = sandbox.machines[target].clone();
+    let target_member = sandbox.etcd.member(target).name.clone();
+    let etcd_only_member = sandbox.etcd.member(etcd_only).name.clone();
+    sandbox.mark_unhealthy(&target_machine).await.unwrap();
+    sandbox
+        .wait_for("the target's member removed", LIMIT, || async {
+            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+            snap.member_by_name(&target_member)
+                .map_or(Ok(()), |_| Err(format!("{target_member} still a member")))
+        })
+        .await
+        .unwrap();
+    let snap = admin.snapshot().await.unwrap();
+    assert!(snap.member_by_name(&etcd_only_member).is_some(), "{snap:?}");
+    let removed = event_notes(&sandbox, "EtcdMemberRemoved").await;
+    assert!(
+        removed.len() == 1 && removed[0].contains("2 of 2 voters healthy"),
+        "the removal counted the etcd-only member: {removed:?}"
+    );
+    controller.stop().await;
+}
