@@ -111,7 +111,7 @@ pub struct Context {
     /// that one is written once while CAPI has not copied it yet.
     pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
     /// Leadership moves started and not yet confirmed, by cluster.
-    pub leadership_moves: super::leadership::LeadershipMoves,
+    pub leadership_moves: super::leadership_moves::LeadershipMoves,
 }
 
 impl Context {

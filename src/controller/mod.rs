@@ -17,6 +17,7 @@ pub mod leader_guard;
 pub mod metrics;
 pub mod observe;
 pub mod leadership;
+pub mod leadership_moves;
 pub mod publish;
 pub mod reconcile;
 pub mod status;
