@@ -266,7 +266,8 @@ pub fn map_members(machines: &[MachineRef], members: &[MemberRef]) -> Membership
                 by_name,
                 by_address,
             } => {
-                let names = |found: Vec<&MachineRef>| found.iter().map(|m| m.machine.clone()).collect();
+                let names =
+                    |found: Vec<&MachineRef>| found.iter().map(|m| m.machine.clone()).collect();
                 result.ambiguities.push(Ambiguity::NameAndAddressDisagree {
                     member: member.clone(),
                     by_name: names(by_name),
@@ -520,7 +521,10 @@ mod tests {
             Case {
                 name: "an older short-host-name member pairs with its FQDN Node by the annotation",
                 machines: vec![
-                    annotated(machine("m-fqdn", Some("cp-0.example.com"), &["10.0.0.1"]), "cp-0-0a1b2c3d"),
+                    annotated(
+                        machine("m-fqdn", Some("cp-0.example.com"), &["10.0.0.1"]),
+                        "cp-0-0a1b2c3d",
+                    ),
                     machine("m-short", Some("cp-0"), &["10.0.0.2"]),
                 ],
                 members: vec![member(1, "cp-0-0a1b2c3d", "10.0.0.1")],

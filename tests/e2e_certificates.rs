@@ -110,11 +110,19 @@ async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_ask
     // The cluster's etcd CA (the sandbox's, years ahead) has its series too,
     // with no Machine; far from expiry it adds nothing to the condition.
     let ca = k3s_control_plane::controller::metrics::CertificateLabels {
-        cluster: format!("{NAMESPACE}/{}", k3s_control_plane::harness::sandbox::CLUSTER),
+        cluster: format!(
+            "{NAMESPACE}/{}",
+            k3s_control_plane::harness::sandbox::CLUSTER
+        ),
         machine: String::new(),
         certificate: "etcd-server-ca".into(),
     };
-    let ca_expiry = controller.ctx.metrics.certificate_expiry.get_or_create(&ca).get();
+    let ca_expiry = controller
+        .ctx
+        .metrics
+        .certificate_expiry
+        .get_or_create(&ca)
+        .get();
     assert!(
         ca_expiry > (chrono::Utc::now() + chrono::Duration::days(365)).timestamp(),
         "the etcd CA's notAfter: {ca_expiry}"

@@ -371,14 +371,22 @@ async fn a_server_that_rejoins_after_its_removal_is_removed_again_before_the_hoo
     );
     assert_eq!(snap.members.len(), 2, "{snap:?}");
     let removed = event_notes(&sandbox, "EtcdMemberRemoved").await;
-    assert_eq!(removed.len(), 1, "one removal, of the new member: {removed:?}");
+    assert_eq!(
+        removed.len(),
+        1,
+        "one removal, of the new member: {removed:?}"
+    );
     assert!(
         removed[0].contains(&new_name) && !removed[0].contains(&old_name),
         "{removed:?}"
     );
     let failed = event_notes(&sandbox, "StepFailed").await;
     assert!(failed.is_empty(), "no step failed: {failed:?}");
-    assert_eq!(event_count(&sandbox, "MachineDeleting").await, 0, "deleted once, before");
+    assert_eq!(
+        event_count(&sandbox, "MachineDeleting").await,
+        0,
+        "deleted once, before"
+    );
     controller.stop().await;
 }
 
@@ -422,10 +430,7 @@ async fn a_stalled_learner_blocks_removals_until_k3s_evicts_it() {
                 .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Remediating"))
                 .map(|c| c.message.clone())
                 .unwrap_or_default();
-            message
-                .contains(&learner)
-                .then_some(())
-                .ok_or(message)
+            message.contains(&learner).then_some(()).ok_or(message)
         })
         .await
         .unwrap();
@@ -464,19 +469,28 @@ async fn a_stalled_learner_blocks_removals_until_k3s_evicts_it() {
     );
     let nodes: Api<Node> = Api::all(sandbox.workload.client());
     sandbox
-        .wait_for("EtcdIsVoter=False NotAMember on the evicted server's Node", LIMIT, || async {
-            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
-            let c = n
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| c.type_ == K3S_ETCD_IS_VOTER_CONDITION);
-            match c {
-                Some(c) if c.status == "False" && c.reason.as_deref() == Some(K3S_NOT_A_MEMBER_REASON) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        .wait_for(
+            "EtcdIsVoter=False NotAMember on the evicted server's Node",
+            LIMIT,
+            || async {
+                let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+                let c = n
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|c| c.type_ == K3S_ETCD_IS_VOTER_CONDITION);
+                match c {
+                    Some(c)
+                        if c.status == "False"
+                            && c.reason.as_deref() == Some(K3S_NOT_A_MEMBER_REASON) =>
+                    {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
         .await
         .unwrap();
     sandbox.etcd.resume(index).unwrap();
@@ -538,7 +552,9 @@ async fn a_member_k3s_removed_through_the_annotation_lets_the_upstream_hook_go()
         .patch(
             &node,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {REMOVE_ANNOTATION: "true"}}})),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {REMOVE_ANNOTATION: "true"}}}),
+            ),
         )
         .await
         .unwrap();
@@ -546,14 +562,24 @@ async fn a_member_k3s_removed_through_the_annotation_lets_the_upstream_hook_go()
         .wait_for("k3s to remove the member and say so", LIMIT, || async {
             let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
             let a = n.annotations();
-            match (a.get(REMOVED_NODE_NAME_ANNOTATION), a.get(K3S_ETCD_NODE_NAME_ANNOTATION)) {
+            match (
+                a.get(REMOVED_NODE_NAME_ANNOTATION),
+                a.get(K3S_ETCD_NODE_NAME_ANNOTATION),
+            ) {
                 (Some(removed), None) if *removed == member => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         })
         .await
         .unwrap();
-    assert!(admin.snapshot().await.unwrap().member_by_name(&member).is_none());
+    assert!(
+        admin
+            .snapshot()
+            .await
+            .unwrap()
+            .member_by_name(&member)
+            .is_none()
+    );
 
     let controller = sandbox.start_controller();
     sandbox
@@ -566,7 +592,12 @@ async fn a_member_k3s_removed_through_the_annotation_lets_the_upstream_hook_go()
         .await
         .unwrap();
     assert_eq!(event_count(&sandbox, "UpstreamHookReleased").await, 1);
-    for reason in ["EtcdMemberRemoved", "EtcdLeadershipMoved", "StepFailed", "RemovalBlocked"] {
+    for reason in [
+        "EtcdMemberRemoved",
+        "EtcdLeadershipMoved",
+        "StepFailed",
+        "RemovalBlocked",
+    ] {
         assert_eq!(event_count(&sandbox, reason).await, 0, "{reason}");
     }
     assert_eq!(admin.snapshot().await.unwrap().members.len(), 2);
@@ -615,17 +646,24 @@ async fn an_etcd_only_server_is_seen_claimed_and_counted() {
         .unwrap();
     let controller = sandbox.start_controller();
     sandbox
-        .wait_for("EtcdMemberHealthy=True on the etcd-only server's Machine", LIMIT, || async {
-            let m = sandbox
-                .machines_api()
-                .get(&etcd_only_machine)
-                .await
-                .map_err(|e| e.to_string())?;
-            match m.condition("EtcdMemberHealthy") {
-                Some(c) if c.status == "True" => Ok(()),
-                other => Err(format!("{:?}", other.map(|c| (c.status.to_string(), c.message.to_string())))),
-            }
-        })
+        .wait_for(
+            "EtcdMemberHealthy=True on the etcd-only server's Machine",
+            LIMIT,
+            || async {
+                let m = sandbox
+                    .machines_api()
+                    .get(&etcd_only_machine)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match m.condition("EtcdMemberHealthy") {
+                    Some(c) if c.status == "True" => Ok(()),
+                    other => Err(format!(
+                        "{:?}",
+                        other.map(|c| (c.status.to_string(), c.message.to_string()))
+                    )),
+                }
+            },
+        )
         .await
         .unwrap();
     // Another Machine remediated: the etcd-only member counts for quorum and

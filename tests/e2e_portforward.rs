@@ -158,9 +158,12 @@ async fn a_missing_proxy_pod_is_named_with_its_node_and_selector_and_nothing_is_
     let target = sandbox.machines[0].clone();
     let missing_node = sandbox.etcd.member(1).node_name.clone();
     let pods: Api<Pod> = Api::namespaced(sandbox.workload.client(), ETCD_PROXY_NAMESPACE);
-    pods.delete(&proxy_pod(&sandbox, &missing_node).await, &DeleteParams::default())
-        .await
-        .unwrap();
+    pods.delete(
+        &proxy_pod(&sandbox, &missing_node).await,
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
 
     let controller = sandbox.start_controller();
     sandbox.mark_unhealthy(&target).await.unwrap();

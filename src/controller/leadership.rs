@@ -76,7 +76,14 @@ pub async fn observe(ctx: &Context, world: &World) -> Option<LeadershipMove> {
 /// Start moving leadership off `from` (the member of `machine`) to `to`:
 /// recorded, then asked for beside the reconcile. A failed call forgets the
 /// record, so the next pass asks again.
-pub fn start(ctx: &Context, world: &World, etcd: Arc<EtcdCluster>, machine: &str, from: u64, to: u64) {
+pub fn start(
+    ctx: &Context,
+    world: &World,
+    etcd: Arc<EtcdCluster>,
+    machine: &str,
+    from: u64,
+    to: u64,
+) {
     let timeouts = etcd.timeouts();
     let deadline = chrono::Duration::from_std(timeouts.move_leader() + timeouts.confirmation())
         .unwrap_or(chrono::Duration::MAX);

@@ -40,4 +40,3 @@ impl LeadershipMoves {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
-

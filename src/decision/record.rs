@@ -106,7 +106,11 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         let condition = certificates_condition(
             &certificates,
             desired.certificates_expiry_days,
-            &expiring_cas(world.cluster_name.as_deref(), &world.secrets.ca_not_after, world.now),
+            &expiring_cas(
+                world.cluster_name.as_deref(),
+                &world.secrets.ca_not_after,
+                world.now,
+            ),
             world.now,
             world.kcp.metadata.generation,
         );
@@ -477,10 +481,9 @@ mod tests {
             w.secrets
                 .ca_not_after
                 .insert(CaPurpose::Etcd, w.now + chrono::Duration::days(ca_days));
-            w.secrets.ca_not_after.insert(
-                CaPurpose::Server,
-                w.now + chrono::Duration::days(3650),
-            );
+            w.secrets
+                .ca_not_after
+                .insert(CaPurpose::Server, w.now + chrono::Duration::days(3650));
             let decision = decide(&w, proceed(&w));
             assert_eq!(decision.cluster_cas.len(), 2);
             decision
@@ -498,7 +501,8 @@ mod tests {
         );
         assert!(
             soon.message.contains("cluster CA c-etcd")
-                && (soon.message.contains("(in 199 days)") || soon.message.contains("(in 200 days)"))
+                && (soon.message.contains("(in 199 days)")
+                    || soon.message.contains("(in 200 days)"))
                 && soon.message.contains("rotate")
                 && !soon.message.contains("c-ca "),
             "{}",

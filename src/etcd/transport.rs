@@ -166,9 +166,9 @@ pub fn url_host(url: &str) -> Option<String> {
 pub fn refuse_reset_loopback(client_url: &str) -> Result<(), EtcdError> {
     let host = url_host(client_url).unwrap_or_default();
     let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST);
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+            ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST
+        });
     if loopback {
         return Err(EtcdError::Unreachable {
             endpoint: client_url.to_string(),
@@ -184,7 +184,11 @@ mod tests {
 
     #[test]
     fn a_member_advertising_the_reset_loopback_is_not_dialled() {
-        for url in ["https://127.0.0.1:2379", "https://[::1]:2379", "https://localhost:2379"] {
+        for url in [
+            "https://127.0.0.1:2379",
+            "https://[::1]:2379",
+            "https://localhost:2379",
+        ] {
             let err = refuse_reset_loopback(url).unwrap_err();
             assert!(
                 err.to_string().contains(url) && err.to_string().contains("--cluster-reset"),
@@ -193,7 +197,11 @@ mod tests {
         }
         // Other loopback addresses are real members (the test harness gives
         // each its own 127.x address), and node addresses are of course fine.
-        for url in ["https://127.77.3.1:2379", "https://10.0.0.5:2379", "https://[fd00::1]:2379"] {
+        for url in [
+            "https://127.77.3.1:2379",
+            "https://10.0.0.5:2379",
+            "https://[fd00::1]:2379",
+        ] {
             assert!(refuse_reset_loopback(url).is_ok(), "{url}");
         }
     }

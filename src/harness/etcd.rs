@@ -880,8 +880,12 @@ impl EtcdTestCluster {
                 .map_err(io("back up the tombstoned data dir"))?;
         }
         let tls = dir.join("tls");
-        let serving = write_pair(&tls, "server-client", &self.pki.serving(&name, ip, ip_in_cert))
-            .map_err(io("write serving cert"))?;
+        let serving = write_pair(
+            &tls,
+            "server-client",
+            &self.pki.serving(&name, ip, ip_in_cert),
+        )
+        .map_err(io("write serving cert"))?;
         let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
             .map_err(io("write peer cert"))?;
         let peer_url = self.members[index].peer_url();

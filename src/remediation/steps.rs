@@ -804,13 +804,21 @@ mod upstream_hook_tests {
         let cases = [
             (
                 "a_move_started_and_in_time_is_waited_for",
-                Some(MoveInFlight { from: 1, to: 2, in_time: true }),
+                Some(MoveInFlight {
+                    from: 1,
+                    to: 2,
+                    in_time: true,
+                }),
                 Some(1),
                 "wait:leadership-moving",
             ),
             (
                 "a_move_past_its_deadline_is_asked_again",
-                Some(MoveInFlight { from: 1, to: 2, in_time: false }),
+                Some(MoveInFlight {
+                    from: 1,
+                    to: 2,
+                    in_time: false,
+                }),
                 Some(1),
                 "move-leadership",
             ),
@@ -822,7 +830,11 @@ mod upstream_hook_tests {
             ),
             (
                 "leadership_left_the_target_so_its_member_is_removed",
-                Some(MoveInFlight { from: 1, to: 2, in_time: true }),
+                Some(MoveInFlight {
+                    from: 1,
+                    to: 2,
+                    in_time: true,
+                }),
                 Some(2),
                 "remove-member",
             ),
@@ -860,7 +872,14 @@ mod upstream_hook_tests {
         let names: Vec<&str> = steps.iter().map(Step::name).collect();
         assert_eq!(names, ["remove-member", "release-hook"]);
         assert!(
-            matches!(steps[0], Step::RemoveMember { member: 7, via: 2, .. }),
+            matches!(
+                steps[0],
+                Step::RemoveMember {
+                    member: 7,
+                    via: 2,
+                    ..
+                }
+            ),
             "{:?}",
             steps[0]
         );

@@ -140,7 +140,8 @@ pub fn render_text(report: &Report) -> String {
                 .map(|ca| format!(
                     "{} until {}",
                     ca.secret,
-                    ca.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ca.not_after
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 ))
                 .collect::<Vec<_>>()
                 .join(", ")
