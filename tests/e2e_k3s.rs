@@ -689,3 +689,109 @@ async fn an_etcd_only_server_is_seen_claimed_and_counted() {
     );
     controller.stop().await;
 }
+
+/// The first server (no `server:` to rejoin) restarts after its member was
+/// removed and, as the January 2026 k3s releases did, starts a one-member
+/// cluster of its own on the same address (docs/k3s.md T3). A controller
+/// that meets it first (fresh, its Node first among the seeds; the rogue's
+/// member even has the removed member's id) must keep to the real cluster:
+/// the hook goes because the member is gone from the real membership, the
+/// replacement joins the real cluster, and nothing is removed anywhere (the
+/// rogue dies with its VM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_server_restarted_as_a_cluster_of_its_own_is_not_taken_for_the_cluster() {
+    use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let admin = sandbox.etcd.connect();
+    let first = 0;
+    let target = sandbox.machines[first].clone();
+    let (old_name, old_id) = {
+        let m = sandbox.etcd.member(first);
+        (m.name.clone(), m.id)
+    };
+    let others: Vec<String> = (1..3)
+        .map(|i| sandbox.etcd.member(i).name.clone())
+        .collect();
+    // Where a removal of ours stood: the Machine deleting with our hook
+    // recording its member, and that member removed.
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                PRE_TERMINATE_HOOK_ANNOTATION:
+                    k3s_control_plane::remediation::steps::hook_value(Some(old_id)),
+            }}})),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .machines_api()
+        .delete(&target, &DeleteParams::default())
+        .await
+        .unwrap();
+    admin.remove_member(old_id).await.unwrap();
+    sandbox.etcd.wait_exited(first, LIMIT).await.unwrap();
+    let real_id = admin.snapshot().await.unwrap().cluster_id;
+
+    let rogue_name = sandbox.restart_first_server_alone(first).await.unwrap();
+    let rogue_status = sandbox.etcd.status(first).await.unwrap();
+    assert_eq!(
+        rogue_status.leader, old_id,
+        "same peer URL and token: the rogue's member has the removed member's id"
+    );
+
+    // A fresh handle (the rogue's Node first among the seeds) finds the
+    // real cluster and reports the rogue.
+    let fresh = sandbox.etcd.connect().snapshot().await.unwrap();
+    assert_eq!(fresh.cluster_id, real_id, "{fresh:?}");
+    assert!(
+        fresh
+            .foreign_clusters
+            .iter()
+            .any(|f| f.members == vec![rogue_name.clone()]),
+        "the rogue is reported, not used: {fresh:?}"
+    );
+
+    let controller = sandbox.start_controller();
+    // The simulated infrastructure boots the replacement the controller
+    // creates; it joins through the real cluster's members.
+    let deadline = tokio::time::Instant::now() + LIMIT * 2;
+    loop {
+        k3s_control_plane::harness::infra_sim::reconcile_infrastructure(&mut sandbox, LIMIT)
+            .await
+            .unwrap();
+        let names = machine_names(&sandbox).await;
+        let snap = sandbox.etcd.connect().snapshot().await.unwrap();
+        let voters = snap.members.iter().filter(|m| !m.learner).count();
+        if !names.contains(&target)
+            && voters == 3
+            && snap.members.iter().all(|m| m.unhealthy_reason().is_none())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not replaced in time: Machines {names:?}, members {:?}",
+            member_names(&snap)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let snap = sandbox.etcd.connect().snapshot().await.unwrap();
+    assert_eq!(snap.cluster_id, real_id, "the real cluster, as before");
+    for name in &others {
+        assert!(
+            snap.member_by_name(name).is_some(),
+            "{name} was never removed: {snap:?}"
+        );
+    }
+    assert!(event_notes(&sandbox, "EtcdMemberRemoved").await.is_empty());
+    let failed = event_notes(&sandbox, "StepFailed").await;
+    assert!(failed.is_empty(), "no step failed: {failed:?}");
+    assert_ne!(rogue_name, old_name);
+    controller.stop().await;
+}

@@ -124,6 +124,7 @@ fn world() -> World {
             members: (0..3).map(|i| member(i, 10, 9)).collect(),
             listed_by: "https://10.0.0.1:2379".into(),
             alarms_error: None,
+            foreign_clusters: Vec::new(),
         }),
         members_first_seen: Default::default(),
         leadership_move: None,

@@ -597,6 +597,7 @@ mod tests {
             members,
             listed_by: "https://10.0.0.1:2379".into(),
             alarms_error: None,
+            foreign_clusters: Vec::new(),
         })
     }
 

@@ -492,6 +492,7 @@ mod tests {
             }],
             listed_by: "https://127.0.0.1:2379".into(),
             alarms_error: alarms_error.map(str::to_string),
+            foreign_clusters: Vec::new(),
         }
     }
 

@@ -10,7 +10,7 @@ use tracing::instrument;
 
 use crate::etcd::client::{MemberClients, Timeouts};
 use crate::etcd::error::EtcdError;
-use crate::etcd::snapshot::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+use crate::etcd::snapshot::{ForeignCluster, MemberSnapshot, MemberStatus, MembershipSnapshot};
 use crate::etcd::tls::ClientTls;
 use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
 
@@ -30,6 +30,91 @@ pub(crate) struct MemberList {
     pub cluster_id: u64,
     pub members: Vec<ListedMember>,
     pub listed_by: EtcdEndpoint,
+    /// Other clusters that answered on the seeds while this one was chosen.
+    pub foreign: Vec<ForeignCluster>,
+}
+
+impl MemberList {
+    fn voters(&self) -> usize {
+        self.members.iter().filter(|m| !m.learner).count()
+    }
+
+    fn as_foreign(&self) -> ForeignCluster {
+        ForeignCluster {
+            endpoint: self.listed_by.dial.clone(),
+            cluster_id: self.cluster_id,
+            members: self.members.iter().map(|m| m.name.clone()).collect(),
+        }
+    }
+
+    fn covers(&self, url: &str) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.client_urls.iter().any(|u| u == url))
+    }
+}
+
+/// Which of the clusters that answered on the seeds is ours. Pure.
+///
+/// A removed k3s server can come back as a cluster of its own on the same
+/// address (the first server has no `server:` to rejoin: k3s T3), so the
+/// first endpoint that answers is not trusted blindly:
+/// - once a snapshot has proven a cluster id, only that cluster is ours; if
+///   none of its endpoints answered, nothing is (refused, never guessed);
+/// - before that, the cluster with the most voters is ours, and a tie is
+///   refused.
+pub(crate) fn choose_cluster(
+    proven: Option<u64>,
+    answers: Vec<MemberList>,
+) -> Result<MemberList, EtcdError> {
+    let mut clusters: Vec<MemberList> = Vec::new();
+    for answer in answers {
+        if !clusters.iter().any(|c| c.cluster_id == answer.cluster_id) {
+            clusters.push(answer);
+        }
+    }
+    let describe = |c: &MemberList| {
+        format!(
+            "{:016x} with {} voter(s), answered by {}",
+            c.cluster_id,
+            c.voters(),
+            c.listed_by.dial
+        )
+    };
+    let chosen = match proven {
+        Some(id) => match clusters.iter().position(|c| c.cluster_id == id) {
+            Some(index) => index,
+            None => {
+                return Err(EtcdError::KnownClusterGone {
+                    known: id,
+                    found: clusters.iter().map(describe).collect(),
+                });
+            }
+        },
+        None => {
+            let most = clusters.iter().map(MemberList::voters).max().unwrap_or(0);
+            let best: Vec<usize> = (0..clusters.len())
+                .filter(|&i| clusters[i].voters() == most)
+                .collect();
+            match best.as_slice() {
+                [one] => *one,
+                [] => {
+                    return Err(EtcdError::NoReceiver {
+                        reason: "no endpoint answered the member list".into(),
+                    });
+                }
+                _ => {
+                    return Err(EtcdError::SplitClusters {
+                        clusters: clusters.iter().map(describe).collect(),
+                    });
+                }
+            }
+        }
+    };
+    let mut list = clusters.remove(chosen);
+    list.foreign
+        .extend(clusters.iter().map(MemberList::as_foreign));
+    Ok(list)
 }
 
 /// Connection to one etcd cluster over verified mutual TLS.
@@ -37,6 +122,11 @@ pub struct EtcdCluster {
     pub(crate) clients: MemberClients,
     /// Client URLs to start from: the given seeds, then members learnt since.
     seeds: Mutex<Vec<String>>,
+    /// The cluster id a snapshot proved (its lister reached a quorum): from
+    /// then on, an endpoint answering for another cluster is never listed from.
+    proven_cluster_id: Mutex<Option<u64>>,
+    /// Foreign clusters already logged, by endpoint and cluster id.
+    reported_foreign: Mutex<std::collections::HashSet<(String, u64)>>,
 }
 
 impl std::fmt::Debug for EtcdCluster {
@@ -75,6 +165,8 @@ impl EtcdCluster {
         Ok(Self {
             clients: MemberClients::new(tls, transport, timeouts),
             seeds: Mutex::new(seeds.to_vec()),
+            proven_cluster_id: Mutex::new(None),
+            reported_foreign: Mutex::new(Default::default()),
         })
     }
 
@@ -126,10 +218,19 @@ impl EtcdCluster {
         }
     }
 
-    /// `MemberList` from the first endpoint that answers, skipping the client
-    /// URLs in `avoid` (e.g. a member about to be removed).
+    /// `MemberList` from the first endpoint that answers for our cluster,
+    /// skipping the client URLs in `avoid` (e.g. a member about to be
+    /// removed). Which cluster is ours: [`choose_cluster`]. Once a cluster id
+    /// is proven this costs nothing extra unless a seed answers for another
+    /// cluster; before, the seeds the first answer does not list are asked
+    /// too (none, on a steady cluster).
     pub(crate) async fn member_list(&self, avoid: &[String]) -> Result<MemberList, EtcdError> {
+        let proven = *self
+            .proven_cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut errors = Vec::new();
+        let mut answers: Vec<MemberList> = Vec::new();
         let seeds: Vec<String> = self
             .seeds()
             .into_iter()
@@ -145,20 +246,70 @@ impl EtcdCluster {
                 self.timeouts().call
             };
             match self.member_list_from(&endpoint, limit).await {
-                Ok(list) => {
-                    self.learn_seeds(&list.members);
-                    return Ok(list);
+                Ok(list) if proven.is_none_or(|id| id == list.cluster_id) => {
+                    if proven.is_none() {
+                        let unlisted: Vec<&String> =
+                            seeds.iter().filter(|s| !list.covers(s)).collect();
+                        answers.push(list);
+                        answers.extend(self.other_answers(&unlisted).await);
+                    } else {
+                        answers.push(list);
+                    }
+                    break;
                 }
+                Ok(foreign) => answers.push(foreign),
                 Err(err) => errors.push(err),
             }
         }
-        Err(match errors.len() {
-            0 => EtcdError::NoReceiver {
-                reason: "every known endpoint belongs to the member being removed".into(),
-            },
-            1 => errors.remove(0),
-            _ => EtcdError::AllEndpointsFailed(errors),
-        })
+        if answers.is_empty() {
+            return Err(match errors.len() {
+                0 => EtcdError::NoReceiver {
+                    reason: "every known endpoint belongs to the member being removed".into(),
+                },
+                1 => errors.remove(0),
+                _ => EtcdError::AllEndpointsFailed(errors),
+            });
+        }
+        let list = choose_cluster(proven, answers)?;
+        for foreign in &list.foreign {
+            // Once per foreign cluster and endpoint: it answers on every pass.
+            let first = self
+                .reported_foreign
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((foreign.endpoint.clone(), foreign.cluster_id));
+            if first {
+                tracing::warn!(
+                    cluster_id = %format!("{:016x}", list.cluster_id),
+                    foreign = %foreign,
+                    "an endpoint on the seeds answers for another etcd cluster: not used"
+                );
+            }
+        }
+        self.learn_seeds(&list.members);
+        Ok(list)
+    }
+
+    /// The member lists of `seeds` that answer, each within the probe
+    /// timeout, concurrently (unreachable ones are left out).
+    async fn other_answers(&self, seeds: &[&String]) -> Vec<MemberList> {
+        let limit = self.timeouts().probe;
+        join_all(seeds.iter().map(|seed| async move {
+            let endpoint = self.clients.resolve(seed).ok()?;
+            self.member_list_from(&endpoint, limit).await.ok()
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Remember `cluster_id` as ours: a snapshot proved it reaches a quorum.
+    fn prove_cluster(&self, cluster_id: u64) {
+        *self
+            .proven_cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(cluster_id);
     }
 
     pub(crate) async fn member_list_from(
@@ -186,6 +337,7 @@ impl EtcdCluster {
                 })
                 .collect(),
             listed_by: endpoint.clone(),
+            foreign: Vec::new(),
         })
     }
 
@@ -383,7 +535,9 @@ impl EtcdCluster {
             let known: BTreeMap<u64, Result<Probe, String>> =
                 list.members.iter().map(|m| m.id).zip(probes).collect();
             probes = self.probe_all(&relisted.members, known, limit).await;
+            let foreign = std::mem::take(&mut list.foreign);
             list = relisted;
+            list.foreign = foreign;
             healthy_endpoints = proven(&list, &probes);
         }
 
@@ -460,12 +614,17 @@ impl EtcdCluster {
                 alarms: alarms.get(&listed.id).cloned().unwrap_or_default(),
             });
         }
+        let voters = members.iter().filter(|m| !m.learner).count();
+        if healthy_endpoints.len() > voters / 2 {
+            self.prove_cluster(list.cluster_id);
+        }
         Ok(MembershipSnapshot {
             cluster_id: list.cluster_id,
             leader,
             members,
             listed_by: list.listed_by.dial,
             alarms_error,
+            foreign_clusters: list.foreign,
         })
     }
 }
@@ -535,6 +694,104 @@ impl Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A member list of `cluster` answered at `host`, with `voters` voters
+    /// named `<host>-<n>` and one learner if `learner`.
+    fn answer(cluster: u64, host: &str, voters: usize, learner: bool) -> MemberList {
+        let member = |n: usize, learner: bool| ListedMember {
+            id: cluster * 100 + n as u64,
+            name: format!("{host}-{n}"),
+            peer_urls: vec![],
+            client_urls: vec![format!("https://{host}.{n}:2379")],
+            learner,
+        };
+        let mut members: Vec<ListedMember> = (0..voters).map(|n| member(n, false)).collect();
+        if learner {
+            members.push(member(voters, true));
+        }
+        MemberList {
+            cluster_id: cluster,
+            members,
+            listed_by: EtcdEndpoint {
+                dial: format!("https://{host}:2379"),
+                server_name: host.to_string(),
+            },
+            foreign: vec![],
+        }
+    }
+
+    #[test]
+    fn a_first_server_restarted_as_its_own_cluster_loses_to_the_real_one() {
+        // The rogue answered first (its Node sorts first); the real cluster
+        // came from a seed the rogue does not list.
+        let chosen = choose_cluster(
+            None,
+            vec![answer(9, "rogue", 1, false), answer(7, "real", 2, false)],
+        )
+        .expect("the real cluster is chosen");
+        assert_eq!(chosen.cluster_id, 7);
+        assert_eq!(chosen.foreign.len(), 1);
+        assert_eq!(chosen.foreign[0].cluster_id, 9);
+        assert_eq!(chosen.foreign[0].members, vec!["rogue-0".to_string()]);
+    }
+
+    #[test]
+    fn learners_do_not_count_towards_which_cluster_is_ours() {
+        let result = choose_cluster(
+            None,
+            vec![answer(9, "rogue", 1, true), answer(7, "real", 1, false)],
+        );
+        assert!(
+            matches!(result, Err(EtcdError::SplitClusters { ref clusters }) if clusters.len() == 2),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn two_clusters_with_as_many_voters_are_refused_not_guessed() {
+        let result = choose_cluster(
+            None,
+            vec![answer(9, "a", 2, false), answer(7, "b", 2, false)],
+        );
+        let err = result.expect_err("a tie is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("0000000000000009") && text.contains("0000000000000007"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_proven_cluster_wins_even_against_a_larger_foreign_one() {
+        let chosen = choose_cluster(
+            Some(7),
+            vec![answer(9, "other", 3, false), answer(7, "ours", 1, false)],
+        )
+        .expect("ours");
+        assert_eq!(chosen.cluster_id, 7);
+        assert_eq!(chosen.foreign[0].cluster_id, 9);
+    }
+
+    #[test]
+    fn only_foreign_clusters_answering_is_refused_once_ours_is_proven() {
+        let result = choose_cluster(Some(7), vec![answer(9, "rogue", 1, false)]);
+        assert!(
+            matches!(result, Err(EtcdError::KnownClusterGone { known: 7, ref found }) if found.len() == 1),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn one_cluster_answering_is_ours_with_nothing_foreign() {
+        let chosen = choose_cluster(
+            None,
+            vec![answer(7, "a", 3, false), answer(7, "b", 3, false)],
+        )
+        .expect("one cluster");
+        assert_eq!(chosen.cluster_id, 7);
+        assert!(chosen.foreign.is_empty());
+        assert_eq!(chosen.listed_by.dial, "https://a:2379");
+    }
 
     fn probe(leader: u64, read: Read) -> Probe {
         Probe {

@@ -74,6 +74,23 @@ pub enum EtcdError {
         other: u64,
     },
 
+    /// Endpoints on the seeds answer for more than one etcd cluster and
+    /// nothing says which one is ours: refused rather than guessed.
+    #[error(
+        "the seeds answer for more than one etcd cluster with as many voters each ({}): refusing to pick one; the member lists are in the snapshot's foreign clusters",
+        clusters.join("; ")
+    )]
+    SplitClusters { clusters: Vec<String> },
+
+    /// Every endpoint that answered belongs to another cluster than the one
+    /// this handle has proven before (e.g. a removed server restarted as a
+    /// new one-member cluster while the real members are unreachable).
+    #[error(
+        "no endpoint answers for etcd cluster {known:016x}, the one managed so far; only other clusters answered ({}). If the cluster was restored from a snapshot (a new cluster id), restart the controller to accept it",
+        found.join("; ")
+    )]
+    KnownClusterGone { known: u64, found: Vec<String> },
+
     #[error("no healthy voting member can take over leadership from {target}")]
     NoTransferee { target: String },
 

@@ -27,7 +27,9 @@ pub use client::Timeouts;
 pub use cluster::{EtcdCluster, ListedMember};
 pub use error::EtcdError;
 pub use ops::{LeaderMove, Removal, SafeRemoval};
-pub use snapshot::{MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id};
+pub use snapshot::{
+    ForeignCluster, MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id,
+};
 pub use space::{Compacted, Defragmented, Disarmed};
 pub use tls::{ClientCertMinter, ClientCertSource, ClientIdentity, ClientTls, ServerCa, TlsError};
 pub use transport::{EtcdEndpoint, Transport};

@@ -102,6 +102,35 @@ pub struct MembershipSnapshot {
     /// Why alarms could not be read (they go through raft, so this happens
     /// when quorum is lost); the alarm lists are then unknown, not empty.
     pub alarms_error: Option<String>,
+    /// Endpoints on the seeds that answered for another etcd cluster (e.g. a
+    /// removed first server that restarted as a new one-member cluster, k3s
+    /// T3): never used, reported.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub foreign_clusters: Vec<ForeignCluster>,
+}
+
+/// Another etcd cluster found on one of the seeds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForeignCluster {
+    /// The endpoint that answered for it.
+    pub endpoint: String,
+    #[serde(serialize_with = "hex_id")]
+    pub cluster_id: u64,
+    /// Its members' names, voters and learners.
+    pub members: Vec<String>,
+}
+
+impl std::fmt::Display for ForeignCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} answers for etcd cluster {:016x} (members: {})",
+            self.endpoint,
+            self.cluster_id,
+            self.members.join(", ")
+        )
+    }
 }
 
 impl MembershipSnapshot {
@@ -313,6 +342,7 @@ mod tests {
             members,
             listed_by: "x".into(),
             alarms_error: None,
+            foreign_clusters: Vec::new(),
         }
     }
 

@@ -193,6 +193,8 @@ pub struct TestMember {
     pub ip_in_serving_cert: bool,
     /// Listens for peers behind a proxy (see [`EtcdTestCluster::isolate`]).
     behind_proxy: bool,
+    /// Runs a cluster of its own ([`EtcdTestCluster::restart_as_new_cluster`]).
+    pub foreign_cluster: bool,
     dir: PathBuf,
     serving: PairFiles,
     peer: PairFiles,
@@ -693,6 +695,7 @@ impl EtcdTestCluster {
             raft_timing: (HEARTBEAT_MS, ELECTION_MS),
             ip_in_serving_cert,
             behind_proxy: proxies.is_some(),
+            foreign_cluster: false,
             dir: member_dir,
             serving,
             peer,
@@ -751,7 +754,7 @@ impl EtcdTestCluster {
     /// and they agree on one leader; record member ids.
     pub async fn wait_ready(&mut self) -> Result<MembershipSnapshot, HarnessError> {
         let running: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].child.is_some())
+            .filter(|&i| self.members[i].child.is_some() && !self.members[i].foreign_cluster)
             .collect();
         let names: Vec<(String, bool)> = running
             .iter()
@@ -902,6 +905,66 @@ impl EtcdTestCluster {
         self.spawn(index)?;
         self.wait_learner_started(index).await?;
         Ok(name)
+    }
+
+    /// The first server (no `server:` to rejoin) restarting after its member
+    /// was removed, as the January 2026 k3s releases did (docs/k3s.md T3):
+    /// its data set aside, a new name `<node>-<8 hex>`, and a new one-member
+    /// cluster of its own on the same address. The member is then foreign to
+    /// this cluster: the harness's readiness checks leave it out. Returns
+    /// the new name.
+    pub async fn restart_as_new_cluster(&mut self, index: usize) -> Result<String, HarnessError> {
+        if self.member_mut(index)?.child.is_some() {
+            self.stop(index).await?;
+        }
+        let member = &self.members[index];
+        let name = format!("{}-{}", member.node_name, random_suffix());
+        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let data = dir.join("data");
+        if data.exists() {
+            std::fs::rename(&data, dir.join(format!("etcd-backup-{stamp}")))
+                .map_err(io("back up the removed member's data dir"))?;
+        }
+        let tls = dir.join("tls");
+        let serving = write_pair(
+            &tls,
+            "server-client",
+            &self.pki.serving(&name, ip, ip_in_cert),
+        )
+        .map_err(io("write serving cert"))?;
+        let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
+            .map_err(io("write peer cert"))?;
+        let member = &mut self.members[index];
+        member.initial_cluster = format!("{name}={}", member.peer_url());
+        member.name = name.clone();
+        member.serving = serving;
+        member.peer = peer;
+        member.learner = false;
+        member.initial_state = "new";
+        member.foreign_cluster = true;
+        self.spawn(index)?;
+        let deadline = Instant::now() + self.ready_timeout;
+        loop {
+            match self.status(index).await {
+                Ok(status) if status.leader != 0 => {
+                    self.members[index].id = status.leader;
+                    return Ok(name);
+                }
+                Ok(_) => {}
+                Err(err) if Instant::now() >= deadline => {
+                    return Err(HarnessError::Timeout {
+                        what: format!("{name} leading its own cluster"),
+                        after: self.ready_timeout,
+                        last: err.to_string(),
+                    });
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     async fn wait_learner_started(&mut self, index: usize) -> Result<(), HarnessError> {

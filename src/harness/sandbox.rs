@@ -461,6 +461,21 @@ impl Sandbox {
         Ok(name)
     }
 
+    /// k3s restarting on the first server after its member was removed, as
+    /// the January 2026 releases did (docs/k3s.md T3): with no `server:` to
+    /// rejoin it starts a new one-member cluster of its own on the same
+    /// address. Its Node in the workload cluster is left as it was (the new
+    /// cluster's k3s writes to its own datastore). Returns the new name.
+    pub async fn restart_first_server_alone(
+        &mut self,
+        index: usize,
+    ) -> Result<String, SandboxError> {
+        self.etcd
+            .restart_as_new_cluster(index)
+            .await
+            .map_err(|e| SandboxError(format!("restart etcd member {index} as a new cluster: {e}")))
+    }
+
     /// A control-plane Node in the workload cluster, as k3s registers it.
     /// `member`: the etcd member it runs (None: `--disable-etcd`).
     pub async fn add_node(

@@ -116,6 +116,11 @@ pub fn render_text(report: &Report) -> String {
     if let Some(reason) = &etcd.alarms_error {
         line(format!("etcd alarms: unknown ({reason})"));
     }
+    for foreign in &etcd.foreign_clusters {
+        line(format!(
+            "another etcd cluster on the seeds, not used: {foreign}"
+        ));
+    }
     if let Some(space) = &report.space {
         line(format!(
             "etcd space: quota {}{}",

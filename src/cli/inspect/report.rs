@@ -95,6 +95,9 @@ pub struct EtcdReport {
     /// How etcd was reached (`direct`, `port-forward`, with why for `auto`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// Other etcd clusters found on the seeds, never used (k3s T3).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub foreign_clusters: Vec<String>,
 }
 
 /// One etcd member, its health and what it maps to.
@@ -394,6 +397,7 @@ impl Report {
                 leader: None,
                 alarms_error: None,
                 transport: world.etcd_transport.clone(),
+                foreign_clusters: Vec::new(),
             },
             EtcdObservation::NoCredentials { reason } => EtcdReport {
                 state: "unknown",
@@ -402,6 +406,7 @@ impl Report {
                 leader: None,
                 alarms_error: None,
                 transport: world.etcd_transport.clone(),
+                foreign_clusters: Vec::new(),
             },
             EtcdObservation::Unreachable { reason } => EtcdReport {
                 state: "unreachable",
@@ -410,6 +415,7 @@ impl Report {
                 leader: None,
                 alarms_error: None,
                 transport: world.etcd_transport.clone(),
+                foreign_clusters: Vec::new(),
             },
             EtcdObservation::Observed(snap) => EtcdReport {
                 state: "observed",
@@ -418,6 +424,7 @@ impl Report {
                 leader: snap.leader_member().map(|m| m.label()),
                 alarms_error: snap.alarms_error.clone(),
                 transport: world.etcd_transport.clone(),
+                foreign_clusters: snap.foreign_clusters.iter().map(|f| f.to_string()).collect(),
             },
         };
         let next = match &decision.plan {
@@ -738,6 +745,7 @@ mod report_tests {
                 members,
                 listed_by: "https://10.0.0.1:2379".into(),
                 alarms_error: None,
+                foreign_clusters: Vec::new(),
             }),
             members_first_seen: Default::default(),
             leadership_move: None,
