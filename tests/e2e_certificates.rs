@@ -185,3 +185,93 @@ async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_ask
         .unwrap();
     controller.stop().await;
 }
+
+/// The k3s serving certificate on each server's supervisor port (6443) is
+/// probed by a verified handshake, at most once a day per Machine: the one
+/// that expires before the etcd serving certificate is what counts (and is
+/// named `k3s-serving` in the metric); one that fails verification (no node
+/// IP in its SANs) or a port that does not answer leaves the etcd value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_k3s_serving_certificate_is_probed_once_a_day_and_counts_when_it_expires_first() {
+    use k3s_control_plane::controller::metrics::CertificateLabels;
+    init_logs();
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let [expiring, unverifiable, silent] = [0, 1, 2].map(|i| sandbox.machines[i].clone());
+    let expiring_port = sandbox
+        .serve_k3s_supervisor(0, Duration::from_secs(600), true)
+        .await
+        .unwrap();
+    let unverifiable_port = sandbox
+        .serve_k3s_supervisor(1, Duration::from_secs(300), false)
+        .await
+        .unwrap();
+
+    let controller = sandbox.start_controller();
+    let series = |machine: &str, certificate: &str| CertificateLabels {
+        cluster: format!(
+            "{NAMESPACE}/{}",
+            k3s_control_plane::harness::sandbox::CLUSTER
+        ),
+        machine: machine.to_string(),
+        certificate: certificate.into(),
+    };
+    let metric = |labels: &CertificateLabels| {
+        controller
+            .ctx
+            .metrics
+            .certificate_expiry
+            .get_or_create(labels)
+            .get()
+    };
+    let seen = sandbox
+        .wait_for("the k3s serving certificate's expiry", LIMIT, || async {
+            match metric(&series(&expiring, "k3s-serving")) {
+                0 => Err("not yet".to_string()),
+                at => Ok(at),
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        expiring_port.not_after.timestamp(),
+        "the NotAfter the handshake verified"
+    );
+    let condition_message = sandbox
+        .wait_for("CertificatesExpiring=True", LIMIT, || async {
+            let kcp = kcp(&sandbox).await;
+            match condition(&kcp, EXPIRING) {
+                Some(c) if c.status == "True" => Ok(c.message.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    assert!(condition_message.contains(&expiring), "{condition_message}");
+    assert!(
+        !condition_message.contains(&unverifiable),
+        "a certificate that fails verification tells nothing: {condition_message}"
+    );
+    assert!(!condition_message.contains(&silent), "{condition_message}");
+    for machine in [&unverifiable, &silent] {
+        assert_eq!(metric(&series(machine, "k3s-serving")), 0, "{machine}");
+        assert!(
+            metric(&series(machine, "etcd-serving")) > chrono::Utc::now().timestamp() + 86_400,
+            "{machine}: the etcd serving certificate (a year) still counts"
+        );
+    }
+    assert!(
+        unverifiable_port.accepted() >= 1,
+        "the unverifiable one was tried"
+    );
+
+    // Many reconciles later: each port was probed once.
+    wait_reconciles(&sandbox, &controller.ctx, 5).await;
+    assert_eq!(expiring_port.accepted(), 1, "at most once a day");
+    assert_eq!(
+        unverifiable_port.accepted(),
+        1,
+        "a failed probe waits a day too"
+    );
+    controller.stop().await;
+}

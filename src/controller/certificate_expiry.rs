@@ -103,7 +103,13 @@ pub fn record_expiries(
         decision
             .certificates
             .iter()
-            .map(|(machine, e)| (machine.as_str(), "etcd-serving", e.at.timestamp()))
+            .map(|(machine, e)| {
+                (
+                    machine.as_str(),
+                    e.source.certificate_label(),
+                    e.at.timestamp(),
+                )
+            })
             .chain(
                 decision
                     .cluster_cas

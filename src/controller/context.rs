@@ -112,6 +112,8 @@ pub struct Context {
     pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
     /// Leadership moves started and not yet confirmed, by cluster.
     pub leadership_moves: super::leadership_moves::LeadershipMoves,
+    /// The k3s serving certificate probes, by Machine.
+    pub k3s_serving: super::k3s_serving::K3sServingProbes,
 }
 
 impl Context {
@@ -148,6 +150,7 @@ impl Context {
             leader,
             certificate_annotations: Mutex::new(Default::default()),
             leadership_moves: Default::default(),
+            k3s_serving: Default::default(),
         })
     }
 

@@ -51,8 +51,10 @@ pub struct CertificateLabels {
     /// `<namespace>/<cluster>`.
     pub cluster: String,
     pub machine: String,
-    /// Which certificate: `etcd-serving` (a Machine's member), or a cluster
-    /// CA: `server-ca`, `client-ca`, `etcd-server-ca` (no Machine).
+    /// Which certificate: for a Machine, where the expiry that counts came
+    /// from (`etcd-serving`: its member; `k3s-serving`: its supervisor port;
+    /// `machine`: a value on the Machine), or a cluster CA: `server-ca`,
+    /// `client-ca`, `etcd-server-ca` (no Machine).
     pub certificate: String,
 }
 
@@ -204,7 +206,7 @@ impl Metrics {
         );
         sub.register(
             "certificate_expiry_seconds",
-            "Unix time a Machine's certificate expires (certificate=etcd-serving: as our TLS handshake with its etcd member verified it, or the Machine's own certificates-expiry value)",
+            "Unix time a Machine's certificates expire (certificate=etcd-serving or k3s-serving: as our TLS handshake with its etcd member or its k3s supervisor port verified it; machine: the Machine's own certificates-expiry value) or a cluster CA expires (machine empty)",
             metrics.certificate_expiry.clone(),
         );
         sub.register(

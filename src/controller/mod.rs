@@ -12,6 +12,7 @@ pub mod create;
 pub mod error;
 pub mod etcd_pool;
 pub mod http;
+pub mod k3s_serving;
 pub mod leader;
 pub mod leader_guard;
 pub mod leadership;

@@ -24,6 +24,7 @@ use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::etcd_pool::{EtcdCaPem, PoolKey, TransportMode};
+use super::k3s_serving;
 use crate::decision::world::{EtcdObservation, WorkloadState, World};
 
 /// The Cluster that owns `kcp`: its owner reference of kind Cluster, else the
@@ -249,6 +250,7 @@ pub async fn observe_management(
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
@@ -340,6 +342,7 @@ pub async fn observe_management(
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: ctx.settings.orphan_grace,
             member_missing_grace: ctx.settings.member_missing_grace,
@@ -366,6 +369,7 @@ pub struct WorkloadObservation {
     etcd_history: Option<Result<crate::space::History, String>>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
+    k3s_serving_certs: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
     handle: Option<Arc<EtcdCluster>>,
 }
 
@@ -379,6 +383,7 @@ impl WorkloadObservation {
             etcd_history: world.etcd_history,
             members_first_seen: world.members_first_seen,
             serving_certs: world.serving_certs,
+            k3s_serving_certs: world.k3s_serving_certs,
             handle,
         }
     }
@@ -391,6 +396,7 @@ impl WorkloadObservation {
         world.etcd_history = self.etcd_history;
         world.members_first_seen = self.members_first_seen;
         world.serving_certs = self.serving_certs;
+        world.k3s_serving_certs = self.k3s_serving_certs;
         self.handle
     }
 
@@ -406,6 +412,7 @@ impl WorkloadObservation {
         world.etcd_history = None;
         world.members_first_seen = Default::default();
         world.serving_certs = Default::default();
+        world.k3s_serving_certs = Default::default();
     }
 }
 
@@ -419,6 +426,7 @@ pub async fn observe_workload(
     objects: &ClusterSecretObjects,
 ) -> Result<Option<Arc<EtcdCluster>>> {
     let result = read_workload(ctx, world, objects).await;
+    observe_k3s_serving(ctx, world, objects);
     let working = result.is_ok()
         && matches!(world.workload, WorkloadState::Nodes(_))
         && matches!(
@@ -430,6 +438,69 @@ pub async fn observe_workload(
             .invalidate(&world.kcp.namespace().unwrap_or_default(), cluster);
     }
     result
+}
+
+/// Start the k3s serving certificate probes that are due for `world`'s Machines and put what the
+/// probes found so far into `world.k3s_serving_certs`.
+fn observe_k3s_serving(ctx: &Context, world: &mut World, objects: &ClusterSecretObjects) {
+    let Some(cluster_name) = world.cluster_name.as_deref() else {
+        return;
+    };
+    let cluster = format!(
+        "{}/{cluster_name}",
+        world.kcp.namespace().unwrap_or_default()
+    );
+    let present: Vec<&str> = world
+        .machines
+        .iter()
+        .filter_map(|m| m.metadata.name.as_deref())
+        .collect();
+    ctx.k3s_serving.retain(&cluster, &present);
+    world.k3s_serving_certs = ctx.k3s_serving.found(&cluster);
+    // Through port-forward the nodes are not routable from here.
+    if world
+        .etcd_transport
+        .as_deref()
+        .is_some_and(|t| t.starts_with("port-forward"))
+    {
+        return;
+    }
+    let WorkloadState::Nodes(nodes) = &world.workload else {
+        return;
+    };
+    let port = match k3s_serving::port(&world.kcp) {
+        Ok(port) => port,
+        Err(why) => {
+            tracing::debug!(%cluster, "k3s serving certificates not probed: {why}");
+            return;
+        }
+    };
+    let due = k3s_serving::due(
+        &world.machines,
+        nodes,
+        port,
+        &ctx.k3s_serving.attempted(&cluster),
+        world.now,
+    );
+    if due.is_empty() || objects.ca_validity(CaPurpose::Server) != Some(Ok(())) {
+        return;
+    }
+    let field = format!(
+        "Secret {}[tls.crt]",
+        CaPurpose::Server.secret_name(cluster_name)
+    );
+    let Some(pem) = objects
+        .server_ca
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get("tls.crt"))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+    else {
+        return;
+    };
+    match crate::workload::serving_probe::client_config(&pem, &field) {
+        Ok(config) => ctx.k3s_serving.start(&cluster, due, config, world.now),
+        Err(err) => tracing::debug!(%cluster, error = %err, "k3s serving certificates not probed"),
+    }
 }
 
 async fn read_workload(

@@ -122,7 +122,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         .filter(|m| !m.is_deleting())
         .filter_map(|m| {
             let name = m.metadata.name.clone().unwrap_or_default();
-            let value = annotation_to_write(m, observed.get(&name).copied())?;
+            let value = annotation_to_write(m, observed.get(&name).map(|e| e.at))?;
             Some((name, value))
         })
         .collect();
@@ -385,6 +385,7 @@ mod tests {
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
             etcd_space: Default::default(),

@@ -582,6 +582,7 @@ mod tests {
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
             etcd_space: Default::default(),

@@ -108,20 +108,33 @@ fn remediation_data(
         .transpose()
 }
 
-/// What our handshakes saw of each Machine's etcd serving certificate, by
-/// Machine name: the member `mapping` pairs with it, and that member's
-/// certificate expiry.
+/// What our handshakes saw of each Machine's certificates, by Machine name:
+/// the earlier of its etcd member's serving certificate (the member
+/// `mapping` pairs with it) and its k3s serving certificate (the daily probe).
 pub fn observed_expiries(
     world: &World,
     mapping: Option<&MembershipMap>,
-) -> BTreeMap<String, chrono::DateTime<chrono::Utc>> {
-    let Some(mapping) = mapping else {
-        return BTreeMap::new();
-    };
-    mapping
-        .pairs
+) -> BTreeMap<String, crate::rollout::certificates::Expiry> {
+    let etcd: BTreeMap<&str, chrono::DateTime<chrono::Utc>> = mapping
+        .map(|mapping| {
+            mapping
+                .pairs
+                .iter()
+                .filter_map(|p| Some((p.machine.as_str(), *world.serving_certs.get(&p.member.id)?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    world
+        .machines
         .iter()
-        .filter_map(|p| Some((p.machine.clone(), *world.serving_certs.get(&p.member.id)?)))
+        .filter_map(|m| {
+            let name = m.metadata.name.as_deref()?;
+            let found = crate::rollout::certificates::earliest_observed(
+                etcd.get(name).copied(),
+                world.k3s_serving_certs.get(name).copied(),
+            )?;
+            Some((name.to_string(), found))
+        })
         .collect()
 }
 
@@ -454,6 +467,7 @@ mod tests {
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),

@@ -63,6 +63,9 @@ pub struct World {
     /// When each member's etcd serving certificate expires (by id), as our
     /// handshakes with it verified it; absent before one.
     pub serving_certs: std::collections::BTreeMap<u64, DateTime<Utc>>,
+    /// When each Machine's k3s serving certificate (its supervisor port)
+    /// expires (by Machine name), as the last daily probe verified it.
+    pub k3s_serving_certs: std::collections::BTreeMap<String, DateTime<Utc>>,
     /// How long a ghost or orphan member must be seen before it is removed.
     pub orphan_grace: std::time::Duration,
     /// How long a server's Node may show embedded etcd without a member

@@ -55,7 +55,7 @@ impl RecordingVerifier {
     }
 }
 
-fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
+pub(crate) fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
     let (_, parsed) = X509Certificate::from_der(cert.as_ref()).ok()?;
     let seconds = parsed.validity().not_after.timestamp();
     Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(seconds).ok()?))

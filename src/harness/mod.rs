@@ -8,6 +8,7 @@ pub mod capi_sim;
 pub mod etcd;
 pub mod infra_sim;
 pub mod k3s_agent;
+pub mod k3s_supervisor;
 pub mod pki;
 pub mod rollout;
 pub mod sandbox;

@@ -476,6 +476,49 @@ impl Sandbox {
             .map_err(|e| SandboxError(format!("restart etcd member {index} as a new cluster: {e}")))
     }
 
+    /// k3s's supervisor port (6443) on the server of etcd member `index`,
+    /// serving a certificate issued by the cluster's server CA (the
+    /// `<cluster>-ca` Secret) that expires in `lifetime`, with the node IP in
+    /// its SANs unless `ip_in_cert` is false.
+    pub async fn serve_k3s_supervisor(
+        &self,
+        index: usize,
+        lifetime: Duration,
+        ip_in_cert: bool,
+    ) -> Result<super::k3s_supervisor::SupervisorPort, SandboxError> {
+        let secrets: Api<Secret> = Api::namespaced(self.client(), NAMESPACE);
+        let name = format!("{CLUSTER}-ca");
+        let secret = secrets
+            .get(&name)
+            .await
+            .map_err(|e| SandboxError(format!("get Secret {name}: {e}")))?;
+        let field = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .ok_or_else(|| SandboxError(format!("Secret {name} has no {key}")))
+        };
+        let ca = super::pki::TestCa::from_pem(&field("tls.crt")?, &field("tls.key")?)
+            .map_err(|e| SandboxError(format!("load the server CA: {e}")))?;
+        let member = self.etcd.member(index);
+        let cert = super::k3s_supervisor::supervisor_certificate(
+            &ca,
+            &member.node_name,
+            member.ip,
+            lifetime,
+            ip_in_cert,
+        );
+        super::k3s_supervisor::SupervisorPort::serve(
+            member.ip,
+            crate::controller::k3s_serving::DEFAULT_PORT,
+            &cert,
+        )
+        .await
+        .map_err(|e| SandboxError(format!("listen on {}:6443: {e}", member.ip)))
+    }
+
     /// A control-plane Node in the workload cluster, as k3s registers it.
     /// `member`: the etcd member it runs (None: `--disable-etcd`).
     pub async fn add_node(

@@ -26,6 +26,20 @@ pub enum ExpirySource {
     MachineStatus,
     /// The etcd serving certificate our handshake with its member verified.
     EtcdServingCertificate,
+    /// The k3s serving certificate on the server's supervisor port, as our
+    /// daily probe verified it.
+    K3sServingCertificate,
+}
+
+impl ExpirySource {
+    /// The `certificate` label of the expiry metric.
+    pub fn certificate_label(self) -> &'static str {
+        match self {
+            ExpirySource::MachineAnnotation | ExpirySource::MachineStatus => "machine",
+            ExpirySource::EtcdServingCertificate => "etcd-serving",
+            ExpirySource::K3sServingCertificate => "k3s-serving",
+        }
+    }
 }
 
 /// One Machine's certificates expiry and where it came from.
@@ -63,9 +77,9 @@ pub fn annotated_expiry(machine: &Machine) -> Option<DateTime<Utc>> {
         .and_then(|t| parse(t))
 }
 
-/// The expiry that counts for `machine`, `observed` being what our handshake
-/// with its etcd member saw.
-pub fn expiry(machine: &Machine, observed: Option<DateTime<Utc>>) -> Option<Expiry> {
+/// The expiry that counts for `machine`, `observed` being the earliest our
+/// handshakes saw (etcd member, k3s serving port).
+pub fn expiry(machine: &Machine, observed: Option<Expiry>) -> Option<Expiry> {
     let found = |at, source| Some(Expiry { at, source });
     if let Some(at) = annotated_expiry(machine) {
         return found(at, ExpirySource::MachineAnnotation);
@@ -73,7 +87,27 @@ pub fn expiry(machine: &Machine, observed: Option<DateTime<Utc>>) -> Option<Expi
     if let Some(at) = status_expiry(machine) {
         return found(at, ExpirySource::MachineStatus);
     }
-    observed.and_then(|at| found(at, ExpirySource::EtcdServingCertificate))
+    observed
+}
+
+/// The earlier of what our handshakes saw of one Machine: its etcd member's
+/// serving certificate and its k3s serving certificate.
+pub fn earliest_observed(
+    etcd_serving: Option<DateTime<Utc>>,
+    k3s_serving: Option<DateTime<Utc>>,
+) -> Option<Expiry> {
+    let etcd = etcd_serving.map(|at| Expiry {
+        at,
+        source: ExpirySource::EtcdServingCertificate,
+    });
+    let k3s = k3s_serving.map(|at| Expiry {
+        at,
+        source: ExpirySource::K3sServingCertificate,
+    });
+    match (etcd, k3s) {
+        (Some(e), Some(k)) => Some(if k.at < e.at { k } else { e }),
+        (e, k) => e.or(k),
+    }
 }
 
 /// Whether the bootstrap config of `machine` should get our observed value as
@@ -90,7 +124,7 @@ pub fn annotation_to_write(machine: &Machine, observed: Option<DateTime<Utc>>) -
 /// Every Machine's expiry by name (`observed` by Machine name).
 pub fn expiries(
     machines: &[Machine],
-    observed: &BTreeMap<String, DateTime<Utc>>,
+    observed: &BTreeMap<String, Expiry>,
 ) -> BTreeMap<String, Expiry> {
     machines
         .iter()
@@ -128,7 +162,7 @@ mod tests {
 
     #[test]
     fn which_expiry_counts() {
-        let observed = Some(at("2027-03-01T00:00:00Z"));
+        let observed = earliest_observed(Some(at("2027-03-01T00:00:00Z")), None);
         let cases = [
             (
                 "a_hand_set_machine_annotation_wins",
@@ -159,7 +193,7 @@ mod tests {
             let got = expiry(&m, observed).map(|e| (e.at, e.source));
             assert_eq!(got, want.map(|(t, s)| (at(t), s)), "{name}");
             assert_eq!(
-                annotation_to_write(&m, observed).as_deref(),
+                annotation_to_write(&m, observed.map(|e| e.at)).as_deref(),
                 write,
                 "{name}: annotation to write"
             );
@@ -170,5 +204,48 @@ mod tests {
             "unknown stays unknown"
         );
         assert_eq!(annotation_to_write(&machine(None, None), None), None);
+    }
+
+    #[test]
+    fn the_earlier_of_the_etcd_and_k3s_serving_certificates_counts() {
+        let etcd = at("2027-03-01T00:00:00Z");
+        let k3s = at("2027-02-01T00:00:00Z");
+        let cases = [
+            (
+                "k3s_serving_expires_first",
+                Some(etcd),
+                Some(k3s),
+                Some((k3s, ExpirySource::K3sServingCertificate)),
+            ),
+            (
+                "etcd_serving_expires_first",
+                Some(k3s),
+                Some(etcd),
+                Some((k3s, ExpirySource::EtcdServingCertificate)),
+            ),
+            (
+                "only_the_k3s_probe_answered",
+                None,
+                Some(k3s),
+                Some((k3s, ExpirySource::K3sServingCertificate)),
+            ),
+            (
+                "only_the_etcd_handshake",
+                Some(etcd),
+                None,
+                Some((etcd, ExpirySource::EtcdServingCertificate)),
+            ),
+            ("neither", None, None, None),
+        ];
+        for (name, etcd, k3s, want) in cases {
+            let got = earliest_observed(etcd, k3s).map(|e| (e.at, e.source));
+            assert_eq!(got, want, "{name}");
+        }
+        let hand_set = machine(Some("2026-12-24T00:00:00Z"), None);
+        assert_eq!(
+            expiry(&hand_set, earliest_observed(None, Some(k3s))).map(|e| e.source),
+            Some(ExpirySource::MachineAnnotation),
+            "a value set by hand still wins over a probe"
+        );
     }
 }

@@ -47,7 +47,7 @@ pub fn desired(kcp: &KThreesControlPlane) -> Desired {
 /// `observed_expiry` is what our handshake with its etcd member saw.
 pub fn made_from(
     machine: &Machine,
-    observed_expiry: Option<DateTime<Utc>>,
+    observed_expiry: Option<certificates::Expiry>,
     now: DateTime<Utc>,
 ) -> MadeFrom {
     let annotation = |key: &str| {
@@ -84,7 +84,7 @@ pub type OutdatedMachines = std::collections::BTreeMap<String, Vec<OutdatedReaso
 pub fn outdated_machines(
     desired: &Desired,
     machines: &[Machine],
-    observed_expiry: &std::collections::BTreeMap<String, DateTime<Utc>>,
+    observed_expiry: &std::collections::BTreeMap<String, certificates::Expiry>,
     now: DateTime<Utc>,
 ) -> OutdatedMachines {
     machines

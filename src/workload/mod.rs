@@ -16,6 +16,7 @@ pub mod error;
 pub mod nodes;
 pub mod portforward;
 pub mod secrets;
+pub mod serving_probe;
 pub mod trust;
 
 pub use cache::{ClusterKey, ClusterSecrets, WorkloadAccess, WorkloadCache};

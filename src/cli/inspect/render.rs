@@ -192,7 +192,13 @@ pub fn render_text(report: &Report) -> String {
                 m.version.clone().unwrap_or_else(|| "(none)".into()),
                 if m.up_to_date { "yes" } else { "no" }.to_string(),
                 m.certificates_expiry
-                    .map(|e| e.at.format("%Y-%m-%d").to_string())
+                    .map(|e| {
+                        format!(
+                            "{} ({})",
+                            e.at.format("%Y-%m-%d"),
+                            e.source.certificate_label()
+                        )
+                    })
                     .unwrap_or_else(|| "-".into()),
             ]
         })

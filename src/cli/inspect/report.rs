@@ -750,6 +750,7 @@ mod report_tests {
             members_first_seen: Default::default(),
             leadership_move: None,
             serving_certs: Default::default(),
+            k3s_serving_certs: Default::default(),
             etcd_transport: None,
             orphan_grace: std::time::Duration::from_secs(300),
             member_missing_grace: std::time::Duration::from_secs(120),
