@@ -795,3 +795,115 @@ async fn the_first_server_restarted_as_a_cluster_of_its_own_is_not_taken_for_the
     assert_ne!(rogue_name, old_name);
     controller.stop().await;
 }
+
+/// After `k3s server --cluster-reset` on one server and its next normal
+/// start (docs/k3s.md CR1, CR2), one member is left under a new name; the
+/// other servers' Nodes keep their etcd marks while their etcd stays down.
+/// The reset server's Machine maps by its new `node-name` annotation; the
+/// others turn `EtcdMemberHealthy=False` (`EtcdMemberMissing`) after the
+/// grace, and once a MachineHealthCheck marks them they are replaced one at
+/// a time, the remaining member never touched. (Grace 3 s instead of 120 s:
+/// the wait itself is table-tested in decision::view.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_cluster_reset_the_other_servers_are_missing_members_and_replaced_one_at_a_time() {
+    use k3s_control_plane::api::names::ETCD_MEMBER_HEALTHY_CONDITION;
+    use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
+    use k3s_control_plane::harness::sandbox::fast_settings;
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let kept = 1;
+    let kept_machine = sandbox.machines[kept].clone();
+    let kept_id = sandbox.etcd.member(kept).id;
+    let new_name = sandbox.cluster_reset(kept).await.unwrap();
+    let lost: Vec<String> = [0, 2].map(|i| sandbox.machines[i].clone()).to_vec();
+    let snap = sandbox.etcd.connect().snapshot().await.unwrap();
+    assert_eq!(member_names(&snap), vec![new_name.clone()], "{snap:?}");
+    assert_eq!(snap.members[0].id, kept_id, "a reset keeps the member id");
+
+    let controller = sandbox.start_controller_with(k3s_control_plane::controller::Settings {
+        member_missing_grace: Duration::from_secs(3),
+        ..fast_settings()
+    });
+    let member_condition = |m: &k3s_control_plane::api::Machine| {
+        m.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == ETCD_MEMBER_HEALTHY_CONDITION)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        })
+    };
+    sandbox
+        .wait_for(
+            "the lost servers' members missing, the kept one healthy",
+            LIMIT,
+            || async {
+                let all = machines(&sandbox).await;
+                let mut seen = Vec::new();
+                for m in &all {
+                    let name = m.name_any();
+                    let condition = member_condition(m);
+                    let ok = match condition.as_ref() {
+                        Some((status, reason, message)) if lost.contains(&name) => {
+                            status == "False"
+                                && reason == "EtcdMemberMissing"
+                                && message.contains("since")
+                        }
+                        Some((status, _, message)) if name == kept_machine => {
+                            status == "True" && message.contains(&new_name)
+                        }
+                        _ => false,
+                    };
+                    if !ok {
+                        seen.push(format!("{name}: {condition:?}"));
+                    }
+                }
+                seen.is_empty().then_some(()).ok_or_else(|| seen.join("; "))
+            },
+        )
+        .await
+        .unwrap();
+
+    // A MachineHealthCheck on EtcdMemberHealthy=False marks both.
+    for machine in &lost {
+        sandbox.mark_unhealthy(machine).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + LIMIT * 3;
+    loop {
+        reconcile_infrastructure(&mut sandbox, LIMIT).await.unwrap();
+        let all = machines(&sandbox).await;
+        assert!(
+            all.iter().filter(|m| m.is_deleting()).count() <= 1,
+            "one Machine at a time: {:?}",
+            all.iter().map(|m| m.name_any()).collect::<Vec<_>>()
+        );
+        let snap = sandbox.etcd.connect().snapshot().await.unwrap();
+        assert!(
+            snap.member(kept_id).is_some(),
+            "the remaining member is never removed: {snap:?}"
+        );
+        let voters = snap.members.iter().filter(|m| !m.learner).count();
+        let names: Vec<String> = all.iter().map(|m| m.name_any()).collect();
+        if voters == 3
+            && all.len() == 3
+            && !names.iter().any(|n| lost.contains(n))
+            && all
+                .iter()
+                .all(|m| m.node_name().is_some() && !m.is_deleting())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not replaced in time: Machines {names:?}, members {:?}",
+            member_names(&snap)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        event_notes(&sandbox, "EtcdMemberRemoved").await.is_empty(),
+        "no member to remove: the lost servers had none"
+    );
+    let failed = event_notes(&sandbox, "StepFailed").await;
+    assert!(failed.is_empty(), "no step failed: {failed:?}");
+    controller.stop().await;
+}

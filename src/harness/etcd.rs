@@ -967,6 +967,69 @@ impl EtcdTestCluster {
         }
     }
 
+    /// `k3s server --cluster-reset` on member `index`, then its next normal
+    /// start (docs/k3s.md CR1, CR2): every member stops; `index` forces a new
+    /// one-member cluster from its own data under a new name `<node>-<8 hex>`
+    /// (same member id and cluster id, etcd's `--force-new-cluster`), then
+    /// starts again normally, advertising its node address. The other
+    /// members stay stopped: k3s will not start them until their database is
+    /// moved away. Returns the new name.
+    pub async fn cluster_reset(&mut self, index: usize) -> Result<String, HarnessError> {
+        for i in 0..self.members.len() {
+            if self.members[i].child.is_some() {
+                self.stop(i).await?;
+            }
+        }
+        let member = &self.members[index];
+        let name = format!("{}-{}", member.node_name, random_suffix());
+        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
+        let tls = dir.join("tls");
+        let serving = write_pair(
+            &tls,
+            "server-client",
+            &self.pki.serving(&name, ip, ip_in_cert),
+        )
+        .map_err(io("write serving cert"))?;
+        let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
+            .map_err(io("write peer cert"))?;
+        let member = &mut self.members[index];
+        member.name = name.clone();
+        member.serving = serving;
+        member.peer = peer;
+        member.learner = false;
+        const FORCE: &str = "--force-new-cluster";
+        member.extra_args.push(FORCE.to_string());
+        self.spawn(index)?;
+        self.wait_alone(index, &name).await?;
+        self.stop(index).await?;
+        self.members[index].extra_args.retain(|a| a != FORCE);
+        self.spawn(index)?;
+        self.wait_alone(index, &name).await?;
+        Ok(name)
+    }
+
+    /// Wait until member `index` leads a cluster it is alone in.
+    async fn wait_alone(&mut self, index: usize, name: &str) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + self.ready_timeout;
+        loop {
+            let last = match self.status(index).await {
+                Ok(status) if status.leader != 0 && status.leader == self.members[index].id => {
+                    return Ok(());
+                }
+                Ok(status) => format!("leader {:016x}", status.leader),
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: format!("{name} leading a cluster of its own"),
+                    after: self.ready_timeout,
+                    last,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     async fn wait_learner_started(&mut self, index: usize) -> Result<(), HarnessError> {
         let name = self.members[index].name.clone();
         let running: Vec<usize> = (0..self.members.len())
@@ -1008,7 +1071,7 @@ impl EtcdTestCluster {
         let receiver = self
             .members
             .iter()
-            .find(|m| m.child.is_some() && !m.learner)
+            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
             .ok_or(HarnessError::NoMember(0))?;
         let endpoint = self.transport.resolve(&receiver.client_url())?;
         let deadline = Instant::now() + self.ready_timeout;

@@ -476,6 +476,32 @@ impl Sandbox {
             .map_err(|e| SandboxError(format!("restart etcd member {index} as a new cluster: {e}")))
     }
 
+    /// `k3s server --cluster-reset` on the server of etcd member `index`,
+    /// then its next normal start (docs/k3s.md CR1, CR2): one member left,
+    /// under a new name that its Node's `etcd.k3s.cattle.io/node-name`
+    /// annotation then carries; the other servers' etcd stays down and their
+    /// Nodes keep their etcd marks. Returns the new name.
+    pub async fn cluster_reset(&mut self, index: usize) -> Result<String, SandboxError> {
+        let name = self
+            .etcd
+            .cluster_reset(index)
+            .await
+            .map_err(|e| SandboxError(format!("cluster reset on etcd member {index}: {e}")))?;
+        let node = self.etcd.member(index).node_name.clone();
+        let nodes: Api<Node> = Api::all(self.workload.client());
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    K3S_ETCD_NODE_NAME_ANNOTATION: name,
+                }}})),
+            )
+            .await
+            .map_err(|e| SandboxError(format!("annotate Node {node} with its new member: {e}")))?;
+        Ok(name)
+    }
+
     /// k3s's supervisor port (6443) on the server of etcd member `index`,
     /// serving a certificate issued by the cluster's server CA (the
     /// `<cluster>-ca` Secret) that expires in `lifetime`, with the node IP in
