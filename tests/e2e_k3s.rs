@@ -907,3 +907,136 @@ async fn after_a_cluster_reset_the_other_servers_are_missing_members_and_replace
     assert!(failed.is_empty(), "no step failed: {failed:?}");
     controller.stop().await;
 }
+
+/// Deleting the Node of a live etcd server by hand (docs/k3s.md M2): k3s
+/// removes its member with no quorum check of its own and lets the Node go;
+/// the kubelet registers the Node again (etcd label, no member annotations
+/// yet). The controller does not fight any of it: it reports the Machine's
+/// member missing after the grace, removes and deletes nothing, and reports
+/// the member healthy again once k3s restarts there and rejoins (tombstone,
+/// new name, learner, promoted). Grace 3 s and tick 1 s: both waits are
+/// table-tested; here only what follows from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_deleted_by_hand_loses_its_member_which_is_reported_missing_until_k3s_rejoins() {
+    use k3s_control_plane::api::names::{ETCD_MEMBER_HEALTHY_CONDITION, NODE_ROLE_ETCD_LABEL};
+    use k3s_control_plane::harness::sandbox::fast_settings;
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    let mut sandbox = Sandbox::start(3).await.unwrap();
+    let k3s = sandbox.start_k3s_agent(K3sAgentSettings {
+        tick: Duration::from_secs(1),
+        ..K3sAgentSettings::default()
+    });
+    wait_finalizers(&sandbox).await;
+    let admin = sandbox.etcd.connect();
+    let leader = admin.snapshot().await.unwrap().leader.unwrap();
+    let index = (0..3)
+        .find(|i| sandbox.etcd.member(*i).id != leader)
+        .unwrap();
+    let target = sandbox.machines[index].clone();
+    let node = sandbox.etcd.member(index).node_name.clone();
+    let member = sandbox.etcd.member(index).name.clone();
+    let ip = sandbox.etcd.member(index).ip.to_string();
+    let controller = sandbox.start_controller_with(k3s_control_plane::controller::Settings {
+        member_missing_grace: Duration::from_secs(3),
+        ..fast_settings()
+    });
+    let member_condition = async |sandbox: &Sandbox| {
+        let m = sandbox
+            .machines_api()
+            .get(&target)
+            .await
+            .map_err(|e| e.to_string())?;
+        m.status
+            .as_ref()
+            .and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == ETCD_MEMBER_HEALTHY_CONDITION)
+                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+            })
+            .ok_or_else(|| "no condition".to_string())
+    };
+    sandbox
+        .wait_for("the target's member healthy", LIMIT, || async {
+            let (status, _, message) = member_condition(&sandbox).await?;
+            (status == "True").then_some(()).ok_or(message)
+        })
+        .await
+        .unwrap();
+
+    let nodes: Api<Node> = Api::all(sandbox.workload.client());
+    nodes.delete(&node, &DeleteParams::default()).await.unwrap();
+    sandbox
+        .wait_for(
+            "k3s to remove the member and let the Node go",
+            LIMIT,
+            || async {
+                let gone = nodes
+                    .get_opt(&node)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_none();
+                let removed = k3s.actions().contains(&K3sAction::RemovedMember {
+                    node: node.clone(),
+                    member: member.clone(),
+                });
+                (gone && removed)
+                    .then_some(())
+                    .ok_or_else(|| format!("gone {gone}, {:?}", k3s.actions()))
+            },
+        )
+        .await
+        .unwrap();
+    sandbox.etcd.wait_exited(index, LIMIT).await.unwrap();
+    // The kubelet registers the Node again; k3s labels it as an etcd server.
+    sandbox.add_node(&node, &ip, None).await.unwrap();
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"labels": {NODE_ROLE_ETCD_LABEL: "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let missing = sandbox
+        .wait_for("EtcdMemberMissing on the target", LIMIT, || async {
+            let (status, reason, message) = member_condition(&sandbox).await?;
+            (status == "False" && reason == "EtcdMemberMissing")
+                .then_some(message.clone())
+                .ok_or(format!("{status} {reason}: {message}"))
+        })
+        .await
+        .unwrap();
+    assert!(missing.contains(&node), "{missing}");
+    assert_eq!(machine_names(&sandbox).await.len(), 3, "nothing deleted");
+    assert!(
+        machines(&sandbox).await.iter().all(|m| !m.is_deleting()),
+        "no Machine deleting"
+    );
+
+    // k3s restarts on that server: its tombstone makes it rejoin.
+    let rejoined = sandbox.restart_k3s_server(index).await.unwrap();
+    let healthy = sandbox
+        .wait_for(
+            "the rejoined member healthy on the target",
+            LIMIT,
+            || async {
+                let (status, _, message) = member_condition(&sandbox).await?;
+                (status == "True" && message.contains(&rejoined))
+                    .then_some(message.clone())
+                    .ok_or(message)
+            },
+        )
+        .await
+        .unwrap();
+    assert!(healthy.contains(&rejoined), "{healthy}");
+    assert!(event_notes(&sandbox, "EtcdMemberRemoved").await.is_empty());
+    let failed = event_notes(&sandbox, "StepFailed").await;
+    assert!(failed.is_empty(), "no step failed: {failed:?}");
+    assert_eq!(machine_names(&sandbox).await.len(), 3, "nothing deleted");
+    controller.stop().await;
+    k3s.stop().await;
+}
