@@ -25,7 +25,8 @@
 //!
 //! Three ways of running the controller:
 //! - **run**: the real `k3s-control-plane run` binary in its own process with
-//!   its production defaults (a wait is looked at again after 10 s), started
+//!   its production defaults (a wait is looked at again after 10 s, a wait
+//!   for a learner's promotion after 1 s), started
 //!   and ready before the control plane is created; its own time is the sum of
 //!   its reconciles from `/metrics` (`k3scp_reconcile_duration_seconds_sum`);
 //! - **sandbox**: the same controller loop in this process with the
@@ -719,7 +720,7 @@ async fn main() {
                 }
                 print_runs(
                     if process {
-                        "run: the k3s-control-plane binary, production defaults (wait requeue 10 s); other = waiting for the controller to look again, and the infrastructure's 50 ms polls"
+                        "run: the k3s-control-plane binary, production defaults (wait requeue 10 s, 1 s for a learner); other = waiting for the controller to look again, and the infrastructure's 50 ms polls"
                     } else {
                         "sandbox: the controller loop in this process, fast_settings (wait requeue 500 ms); other = waiting for the controller to look again, and the infrastructure's 50 ms polls"
                     },

@@ -871,32 +871,11 @@ impl EtcdTestCluster {
         if self.member_mut(index)?.child.is_some() {
             self.stop(index).await?;
         }
-        let member = &self.members[index];
-        let name = format!("{}-{}", member.node_name, random_suffix());
-        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let data = dir.join("data");
-        if data.exists() {
-            std::fs::rename(&data, dir.join(format!("etcd-backup-{stamp}")))
-                .map_err(io("back up the tombstoned data dir"))?;
-        }
-        let tls = dir.join("tls");
-        let serving = write_pair(
-            &tls,
-            "server-client",
-            &self.pki.serving(&name, ip, ip_in_cert),
-        )
-        .map_err(io("write serving cert"))?;
-        let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
-            .map_err(io("write peer cert"))?;
+        self.set_data_aside(index)?;
+        let name = self.rename(index)?;
         let peer_url = self.members[index].peer_url();
         let (id, initial_cluster, refusals) = self.member_add_learner(&name, &peer_url).await?;
         let member = &mut self.members[index];
-        member.name = name.clone();
-        member.serving = serving;
-        member.peer = peer;
         member.id = id;
         member.learner = true;
         member.member_add_refusals = refusals;
@@ -917,31 +896,10 @@ impl EtcdTestCluster {
         if self.member_mut(index)?.child.is_some() {
             self.stop(index).await?;
         }
-        let member = &self.members[index];
-        let name = format!("{}-{}", member.node_name, random_suffix());
-        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let data = dir.join("data");
-        if data.exists() {
-            std::fs::rename(&data, dir.join(format!("etcd-backup-{stamp}")))
-                .map_err(io("back up the removed member's data dir"))?;
-        }
-        let tls = dir.join("tls");
-        let serving = write_pair(
-            &tls,
-            "server-client",
-            &self.pki.serving(&name, ip, ip_in_cert),
-        )
-        .map_err(io("write serving cert"))?;
-        let peer = write_pair(&tls, "peer-server-client", &self.pki.peer(&name, ip))
-            .map_err(io("write peer cert"))?;
+        self.set_data_aside(index)?;
+        let name = self.rename(index)?;
         let member = &mut self.members[index];
         member.initial_cluster = format!("{name}={}", member.peer_url());
-        member.name = name.clone();
-        member.serving = serving;
-        member.peer = peer;
         member.learner = false;
         member.initial_state = "new";
         member.foreign_cluster = true;
@@ -980,10 +938,42 @@ impl EtcdTestCluster {
                 self.stop(i).await?;
             }
         }
+        let name = self.rename(index)?;
+        let member = &mut self.members[index];
+        member.learner = false;
+        const FORCE: &str = "--force-new-cluster";
+        member.extra_args.push(FORCE.to_string());
+        self.spawn(index)?;
+        self.wait_alone(index, &name).await?;
+        self.stop(index).await?;
+        self.members[index].extra_args.retain(|a| a != FORCE);
+        self.spawn(index)?;
+        self.wait_alone(index, &name).await?;
+        Ok(name)
+    }
+
+    /// Set member `index`'s data dir aside as `etcd-backup-<unix time>`, as
+    /// k3s does before it starts a member anew (docs/k3s.md T2).
+    fn set_data_aside(&self, index: usize) -> Result<(), HarnessError> {
+        let dir = &self.members[index].dir;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let data = dir.join("data");
+        if data.exists() {
+            std::fs::rename(&data, dir.join(format!("etcd-backup-{stamp}")))
+                .map_err(io("set the member's data dir aside"))?;
+        }
+        Ok(())
+    }
+
+    /// Give member `index` a new name `<node>-<8 hex>`, as k3s names a member
+    /// it starts anew, with serving and peer certificates for it. Returns it.
+    fn rename(&mut self, index: usize) -> Result<String, HarnessError> {
         let member = &self.members[index];
         let name = format!("{}-{}", member.node_name, random_suffix());
-        let (ip, ip_in_cert, dir) = (member.ip, member.ip_in_serving_cert, member.dir.clone());
-        let tls = dir.join("tls");
+        let (ip, ip_in_cert) = (member.ip, member.ip_in_serving_cert);
+        let tls = member.dir.join("tls");
         let serving = write_pair(
             &tls,
             "server-client",
@@ -996,15 +986,6 @@ impl EtcdTestCluster {
         member.name = name.clone();
         member.serving = serving;
         member.peer = peer;
-        member.learner = false;
-        const FORCE: &str = "--force-new-cluster";
-        member.extra_args.push(FORCE.to_string());
-        self.spawn(index)?;
-        self.wait_alone(index, &name).await?;
-        self.stop(index).await?;
-        self.members[index].extra_args.retain(|a| a != FORCE);
-        self.spawn(index)?;
-        self.wait_alone(index, &name).await?;
         Ok(name)
     }
 

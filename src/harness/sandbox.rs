@@ -435,17 +435,9 @@ impl Sandbox {
         )
     }
 
-    /// k3s restarting on the server of etcd member `index` after its member
-    /// was removed (docs/k3s.md T1, T2): the tombstone makes it back up its
-    /// data, take a new member name and join again as a learner; once
-    /// running, it writes the new name into its Node's
-    /// `etcd.k3s.cattle.io/node-name` annotation (N1). Returns the new name.
-    pub async fn restart_k3s_server(&mut self, index: usize) -> Result<String, SandboxError> {
-        let name = self
-            .etcd
-            .rejoin_after_tombstone(index)
-            .await
-            .map_err(|e| SandboxError(format!("rejoin etcd member {index}: {e}")))?;
+    /// k3s writing the name of the member it runs into its Node's
+    /// `etcd.k3s.cattle.io/node-name` annotation (N1).
+    async fn annotate_member_name(&self, index: usize, name: &str) -> Result<(), SandboxError> {
         let node = self.etcd.member(index).node_name.clone();
         let nodes: Api<Node> = Api::all(self.workload.client());
         nodes
@@ -458,6 +450,21 @@ impl Sandbox {
             )
             .await
             .map_err(|e| SandboxError(format!("annotate Node {node} with its new member: {e}")))?;
+        Ok(())
+    }
+
+    /// k3s restarting on the server of etcd member `index` after its member
+    /// was removed (docs/k3s.md T1, T2): the tombstone makes it back up its
+    /// data, take a new member name and join again as a learner; once
+    /// running, it writes the new name into its Node's
+    /// `etcd.k3s.cattle.io/node-name` annotation (N1). Returns the new name.
+    pub async fn restart_k3s_server(&mut self, index: usize) -> Result<String, SandboxError> {
+        let name = self
+            .etcd
+            .rejoin_after_tombstone(index)
+            .await
+            .map_err(|e| SandboxError(format!("rejoin etcd member {index}: {e}")))?;
+        self.annotate_member_name(index, &name).await?;
         Ok(name)
     }
 
@@ -487,18 +494,7 @@ impl Sandbox {
             .cluster_reset(index)
             .await
             .map_err(|e| SandboxError(format!("cluster reset on etcd member {index}: {e}")))?;
-        let node = self.etcd.member(index).node_name.clone();
-        let nodes: Api<Node> = Api::all(self.workload.client());
-        nodes
-            .patch(
-                &node,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                    K3S_ETCD_NODE_NAME_ANNOTATION: name,
-                }}})),
-            )
-            .await
-            .map_err(|e| SandboxError(format!("annotate Node {node} with its new member: {e}")))?;
+        self.annotate_member_name(index, &name).await?;
         Ok(name)
     }
 
