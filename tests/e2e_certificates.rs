@@ -274,4 +274,39 @@ async fn the_k3s_serving_certificate_is_probed_once_a_day_and_counts_when_it_exp
         "a failed probe waits a day too"
     );
     controller.stop().await;
+
+    // Why the unverifiable one told nothing: the name check, said with the
+    // address (what the controller logs as a warning).
+    use k3s_control_plane::workload::serving_probe::{ProbeError, client_config, probe};
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(sandbox.client(), NAMESPACE);
+    let ca = secrets
+        .get(&format!(
+            "{}-ca",
+            k3s_control_plane::harness::sandbox::CLUSTER
+        ))
+        .await
+        .unwrap();
+    let pem = String::from_utf8(ca.data.unwrap()["tls.crt"].0.clone()).unwrap();
+    let err = probe(
+        client_config(&pem, "server CA").unwrap(),
+        unverifiable_port.address,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect_err("no node IP among its SANs");
+    let text = err.to_string();
+    assert!(matches!(err, ProbeError::Verify { .. }), "{text}");
+    assert!(
+        text.contains(&unverifiable_port.address.ip().to_string()),
+        "{text}"
+    );
+    let good = probe(
+        client_config(&pem, "server CA").unwrap(),
+        expiring_port.address,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(good, expiring_port.not_after);
 }

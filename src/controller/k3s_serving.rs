@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::debug;
+use tracing::{debug, warn};
+
+use crate::workload::serving_probe::ProbeError;
 
 use crate::api::{KThreesControlPlane, Machine};
 use crate::workload::ControlPlaneNode;
@@ -149,6 +151,12 @@ impl K3sServingProbes {
                         if let Some(record) = probes.lock().get_mut(&key) {
                             record.not_after = Some(not_after);
                         }
+                    }
+                    // A certificate that fails verification (e.g. without
+                    // the node's address among its SANs) needs a person; a
+                    // server that did not answer is ordinary (booting, gone).
+                    Err(err @ ProbeError::Verify { .. }) => {
+                        warn!(machine = %target.machine, error = %err, "k3s serving certificate refused; its expiry is not known from it, next attempt in a day");
                     }
                     Err(err) => {
                         debug!(machine = %target.machine, error = %err, "k3s serving certificate not probed; next attempt in a day");
