@@ -31,6 +31,20 @@ fn condition<'a>(
         .find(|c| c.type_ == type_)
 }
 
+/// The message of `CertificatesExpiring=True`, once the control plane says so.
+async fn wait_expiring(sandbox: &Sandbox) -> String {
+    sandbox
+        .wait_for("CertificatesExpiring=True", LIMIT, || async {
+            let kcp = kcp(sandbox).await;
+            match condition(&kcp, EXPIRING) {
+                Some(c) if c.status == "True" => Ok(c.message.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_asked() {
     init_logs();
@@ -66,16 +80,7 @@ async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_ask
     let controller = sandbox.start_controller();
 
     // Reported: the two Machines whose member's certificate expires soon.
-    let expiring = sandbox
-        .wait_for("CertificatesExpiring=True", LIMIT, || async {
-            let kcp = kcp(&sandbox).await;
-            match condition(&kcp, EXPIRING) {
-                Some(c) if c.status == "True" => Ok(c.message.clone()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
-        .unwrap();
+    let expiring = wait_expiring(&sandbox).await;
     assert!(
         expiring.contains(&with_config) && expiring.contains(&plain),
         "{expiring}"
@@ -237,16 +242,7 @@ async fn the_k3s_serving_certificate_is_probed_once_a_day_and_counts_when_it_exp
         expiring_port.not_after.timestamp(),
         "the NotAfter the handshake verified"
     );
-    let condition_message = sandbox
-        .wait_for("CertificatesExpiring=True", LIMIT, || async {
-            let kcp = kcp(&sandbox).await;
-            match condition(&kcp, EXPIRING) {
-                Some(c) if c.status == "True" => Ok(c.message.clone()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
-        .unwrap();
+    let condition_message = wait_expiring(&sandbox).await;
     assert!(condition_message.contains(&expiring), "{condition_message}");
     assert!(
         !condition_message.contains(&unverifiable),

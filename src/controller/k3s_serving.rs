@@ -55,7 +55,11 @@ pub fn port(kcp: &KThreesControlPlane) -> Result<u16, String> {
         return Ok(DEFAULT_PORT);
     }
     text.parse::<u16>().map_err(|_| {
-        format!("spec.kthreesConfigSpec.serverConfig.httpsListenPort {text:?} is not a port")
+        format!(
+            "KThreesControlPlane {}/{}: spec.kthreesConfigSpec.serverConfig.httpsListenPort {text:?} is not a port (1 to 65535)",
+            kcp.metadata.namespace.as_deref().unwrap_or_default(),
+            kcp.metadata.name.as_deref().unwrap_or_default()
+        )
     })
 }
 
@@ -170,6 +174,33 @@ impl K3sServingProbes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kcp_with_port(port: &str) -> KThreesControlPlane {
+        serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {
+                "version": "v1.30.2+k3s1",
+                "machineTemplate": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "t"}},
+                "kthreesConfigSpec": {"serverConfig": {"httpsListenPort": port}},
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_port_is_httpslistenport_else_6443_and_a_bad_one_names_the_object_and_field() {
+        assert_eq!(port(&kcp_with_port("")), Ok(6443));
+        assert_eq!(port(&kcp_with_port("7443")), Ok(7443));
+        let err = port(&kcp_with_port("https")).unwrap_err();
+        assert!(
+            err.contains("KThreesControlPlane ns/cp")
+                && err.contains("spec.kthreesConfigSpec.serverConfig.httpsListenPort")
+                && err.contains("\"https\""),
+            "{err}"
+        );
+    }
     use serde_json::json;
 
     fn machine(name: &str, node: Option<&str>, deleting: bool) -> Machine {

@@ -486,7 +486,8 @@ fn observe_k3s_serving(ctx: &Context, world: &mut World, objects: &ClusterSecret
         return;
     }
     let field = format!(
-        "Secret {}[tls.crt]",
+        "Secret {}/{}[tls.crt]",
+        world.kcp.namespace().unwrap_or_default(),
         CaPurpose::Server.secret_name(cluster_name)
     );
     let Some(pem) = objects
