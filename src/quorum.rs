@@ -73,6 +73,12 @@ pub enum Blocker {
         voters: usize,
         quorum: usize,
     },
+    /// The target maps to no member while these members are claimed by no
+    /// Machine: any of them may be its own, so it counts as one of them.
+    TargetUnmapped {
+        machine: String,
+        unclaimed: Vec<String>,
+    },
 }
 
 impl fmt::Display for Blocker {
@@ -91,6 +97,16 @@ impl fmt::Display for Blocker {
             } => write!(
                 f,
                 "only {healthy} of {voters} voters would be healthy, quorum needs {quorum}"
+            ),
+            Blocker::TargetUnmapped { machine, unclaimed } => write!(
+                f,
+                "{machine} maps to no etcd member while {} claimed by no Machine ({}): it may be its own, so it is counted as one of them",
+                if unclaimed.len() == 1 {
+                    "a member is"
+                } else {
+                    "members are"
+                },
+                unclaimed.join(", ")
             ),
         }
     }
@@ -163,6 +179,37 @@ pub fn quorum_lost(members: &[MemberView]) -> Option<Assessment> {
 /// member has that id).
 pub fn assess_removal(members: &[MemberView], target: u64) -> Assessment {
     assess(members, Some(target))
+}
+
+/// Assess removing `machine`, whose member could not be told apart from the
+/// `unclaimed` members (ids no Machine claims): it counts as a voter, the
+/// worst case among them (the one whose removal leaves the least fault
+/// tolerance), and the removal is never safe while it is unknown.
+pub fn assess_unmapped_removal(
+    members: &[MemberView],
+    machine: &str,
+    unclaimed: &[u64],
+) -> Assessment {
+    let mut worst = unclaimed
+        .iter()
+        .map(|id| assess(members, Some(*id)))
+        .min_by_key(|a| (a.healthy as i64 - a.size as i64, a.voters))
+        .unwrap_or_else(|| assess(members, None));
+    worst.target = Some(machine.to_string());
+    worst.target_is_member = true;
+    worst.blockers.push(Blocker::TargetUnmapped {
+        machine: machine.to_string(),
+        unclaimed: unclaimed
+            .iter()
+            .map(|id| {
+                members
+                    .iter()
+                    .find(|m| m.id == *id)
+                    .map_or_else(|| format!("{id:016x}"), MemberView::label)
+            })
+            .collect(),
+    });
+    worst
 }
 
 fn assess(members: &[MemberView], target: Option<u64>) -> Assessment {

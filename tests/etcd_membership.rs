@@ -188,6 +188,73 @@ async fn a_stopped_member_blocks_removing_a_healthy_one_but_can_itself_be_remove
     assert_eq!(etcd.snapshot().await.unwrap().members.len(), 2);
 }
 
+/// The removal steps decide on a snapshot some milliseconds old; the act
+/// checks again on a snapshot taken when it runs, sends MemberRemove to the
+/// member the decision chose, and moves leadership off a target that leads
+/// again.
+#[tokio::test]
+async fn a_planned_removal_is_checked_again_when_carried_out_and_sent_where_planned() {
+    let mut c = cluster(3).await;
+    let etcd = c.connect();
+    let leader = leader_index(&c, &etcd).await;
+    let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
+
+    // Planned while all three were healthy; one of the stayers stopped since.
+    c.stop(b).await.unwrap();
+    let err = etcd
+        .safe_remove_via(c.member(a).id, c.member(leader).id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EtcdError::UnsafeRemoval { .. }),
+        "expected a refusal at act time, got {err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("would leave 1 of 2 voters healthy, quorum needs 2"),
+        "{err}"
+    );
+    assert_eq!(etcd.snapshot().await.unwrap().members.len(), 3);
+    c.restart(b).await.unwrap();
+    poll_snapshot(
+        &etcd,
+        "every member healthy again",
+        Duration::from_secs(30),
+        |s: &MembershipSnapshot| match s.members.iter().find(|m| !m.is_healthy()) {
+            None => Ok(()),
+            Some(m) => Err(format!("{} unhealthy", m.name)),
+        },
+    )
+    .await;
+
+    // Sent to the member the plan chose, not the first in list order.
+    let leader = leader_index(&c, &etcd).await;
+    let follower = (leader + 1) % 3;
+    let via = (leader + 2) % 3;
+    let done = etcd
+        .safe_remove_via(c.member(follower).id, c.member(via).id)
+        .await
+        .unwrap();
+    match &done.removal {
+        Removal::Removed { via: asked, .. } => assert_eq!(asked, &c.member(via).name),
+        other => panic!("{other:?}"),
+    }
+    assert!(done.leader_move.is_none(), "a follower: no move");
+
+    // The target leads (again) at act time: leadership moves off it first.
+    let snap = etcd.snapshot().await.unwrap();
+    let leader_id = snap.leader.expect("a leader");
+    let other = snap.members.iter().find(|m| m.id != leader_id).unwrap().id;
+    let done = etcd.safe_remove_via(leader_id, other).await.unwrap();
+    assert!(
+        matches!(done.leader_move, Some(LeaderMove::Moved { .. })),
+        "{done:?}"
+    );
+    let after = etcd.snapshot().await.unwrap();
+    assert_eq!(after.members.len(), 1);
+    assert_ne!(after.leader, Some(leader_id));
+}
+
 #[tokio::test]
 async fn a_paused_member_is_unhealthy_within_the_probe_timeout() {
     let c = cluster(3).await;

@@ -80,6 +80,9 @@ fn apply(view: &mut ControlPlaneView, removal: &Removal, step: &Step) {
             m.has_our_hook = true;
             m.hook_member = *member;
         }
+        Step::RecordHookMember { member, .. } => {
+            target(view, &name).unwrap().hook_member = Some(*member);
+        }
         Step::MoveLeadership { from, to } => {
             let ms = membership(view);
             // MoveLeader sent to a member that no longer leads fails ("not leader"): no change.
@@ -125,9 +128,17 @@ fn apply(view: &mut ControlPlaneView, removal: &Removal, step: &Step) {
     }
 }
 
-/// The controller after a restart: it knows only what it observes.
-fn rebuild(view: &ControlPlaneView) -> Option<Removal> {
-    resume(view)
+/// The controller after a restart: it knows only what it observes. A
+/// remediation is recorded on the KCP and a deletion carries our hook; a
+/// scale-down or rollout not yet deleting is chosen again by its rule, which
+/// picks the same Machine from the same world (its own table tests).
+fn rebuild(view: &ControlPlaneView, removal: &Removal) -> Option<Removal> {
+    resume(view).or_else(|| {
+        let live = view
+            .machine(&removal.machine)
+            .is_some_and(|m| !m.is_deleting());
+        (live && removal.kind == RemovalKind::ScaleDown).then(|| removal.clone())
+    })
 }
 
 /// Walk a removal to Done; returns the step names and the states before each step.
@@ -170,7 +181,7 @@ fn assert_resumable(trace: &[(ControlPlaneView, Step)], removal: &Removal) {
         let mut replay = before.clone();
         apply(&mut replay, removal, step);
         assert_eq!(&replay, after, "the trace is the world's own history");
-        let resumed = match rebuild(after) {
+        let resumed = match rebuild(after, removal) {
             Some(restarted) => next_step(after, &restarted),
             None => Step::Done,
         };
@@ -520,4 +531,205 @@ fn hook_value_round_trips_and_rejects_garbage() {
         err.contains("pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane"),
         "{err}"
     );
+}
+
+/// Every Machine carries our hook from its creation (and live Machines
+/// without it get it before anything else); no Machine is MHC-unhealthy.
+fn hooked_three() -> ControlPlaneView {
+    let mut view = three_machines();
+    view.machines[0].health_check_succeeded = None;
+    view.machines[0].owner_remediated = None;
+    for m in &mut view.machines {
+        m.has_our_hook = true;
+    }
+    view
+}
+
+/// Walk every deletion in flight to its end as the controller does: each
+/// pass rebuilds the removal from the world; returns (machine, step) pairs.
+fn walk_deletions(mut view: ControlPlaneView) -> (Vec<(String, &'static str)>, ControlPlaneView) {
+    let mut seen = Vec::new();
+    for _ in 0..40 {
+        let Some(removal) = resume(&view) else {
+            return (seen, view);
+        };
+        let step = next_step(&view, &removal);
+        seen.push((removal.machine.clone(), step.name()));
+        apply(&mut view, &removal, &step);
+        if matches!(step, Step::ReleaseHook { .. }) {
+            // CAPI finishes the deletion once no hook holds it.
+            view.machines.retain(|m| m.name != removal.machine);
+        }
+    }
+    panic!("no end: {seen:?}");
+}
+
+#[test]
+fn a_live_machine_carrying_our_hook_from_birth_is_not_a_removal_in_flight() {
+    // Before, a hook on a live Machine meant "a removal of ours started":
+    // with the hook on every Machine, that would delete a healthy one.
+    assert_eq!(resume(&hooked_three()), None);
+}
+
+/// `kubectl delete machine` of the etcd leader's Machine: CAPI drains, waits
+/// on our hook; leadership moves, the member is removed through a member
+/// that stays, and only then is the hook released.
+#[test]
+fn a_person_deleting_the_etcd_leaders_machine_waits_for_leadership_and_member_removal() {
+    let mut view = hooked_three();
+    view.machines[0].deleting = Some(now());
+    let removal = resume(&view).expect("a deletion someone else started is in flight");
+    assert_eq!(removal.machine, "m1");
+    let (names, trace) = walk(view, removal.clone());
+    assert_eq!(
+        names,
+        [
+            "wait",
+            "move-leadership",
+            "record-hook-member",
+            "remove-member",
+            "release-hook",
+            "done"
+        ]
+    );
+    assert_eq!(trace[1].1, Step::MoveLeadership { from: 1, to: 3 });
+    assert!(matches!(
+        trace[3].1,
+        Step::RemoveMember {
+            member: 1,
+            via: 3,
+            ..
+        }
+    ));
+    assert_resumable(&trace, &removal);
+}
+
+#[test]
+fn two_machines_deleted_at_once_are_taken_one_at_a_time_oldest_first() {
+    let mut view = hooked_three();
+    membership(&mut view).leader = Some(2);
+    view.machines[1].deleting = Some(now() - Duration::seconds(1));
+    view.machines[0].deleting = Some(now());
+    let (seen, after) = walk_deletions(view);
+    let order: Vec<String> = seen.iter().map(|(m, s)| format!("{m}:{s}")).collect();
+    assert_eq!(
+        order,
+        [
+            "m2:wait",
+            "m2:move-leadership",
+            "m2:record-hook-member",
+            "m2:remove-member",
+            "m2:release-hook",
+            "m1:wait",
+            "m1:record-hook-member",
+            "m1:remove-member",
+            "m1:release-hook",
+        ],
+        "m2 was deleted first: its member is gone and its hook released before m1's member is touched"
+    );
+    let left: Vec<u64> = membership(&mut after.clone())
+        .members
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(left, [3]);
+}
+
+#[test]
+fn a_deletion_that_would_lose_quorum_holds_the_hook_and_says_why_with_the_numbers() {
+    let mut view = hooked_three();
+    membership(&mut view).leader = Some(3);
+    membership(&mut view).members[1].probe_error = Some("connection refused".into());
+    view.machines[0].deleting = Some(now());
+    view.machines[0].waiting_for_pre_terminate_hook = true;
+    view.machines[0].hook_member = Some(1);
+    let removal = resume(&view).unwrap();
+    for _ in 0..3 {
+        assert_wait(
+            next_step(&view, &removal),
+            WaitReason::QuorumAtRisk,
+            "not removing the member of m1 now: removing node-m1-00000001 would leave 1 of 2 voters healthy, quorum needs 2",
+        );
+    }
+}
+
+/// A Machine with no nodeRef (a providerID mismatch, what MHC's
+/// nodeStartupTimeout catches) and no address that matches: its live member
+/// cannot be attached to it. It no longer "costs nothing": the deletion holds
+/// the hook, and a remediation is refused, naming the unclaimed member.
+#[test]
+fn a_target_whose_member_cannot_be_mapped_is_never_released_on_a_guess() {
+    let mut view = hooked_three();
+    membership(&mut view).leader = Some(3);
+    let m1 = &mut view.machines[0];
+    m1.node_ref = None;
+    m1.etcd_member = None;
+    m1.deleting = Some(now());
+    m1.waiting_for_pre_terminate_hook = true;
+    let removal = resume(&view).unwrap();
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::TargetMemberUnknown,
+        "m1 maps to no etcd member while a member is claimed by no Machine (node-m1-00000001)",
+    );
+    // The worst case: counted as that voter.
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::TargetMemberUnknown,
+        "removing m1 would leave 2 of 2 voters healthy, quorum needs 2",
+    );
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::TargetMemberUnknown,
+        "etcd.k3s.cattle.io/node-name",
+    );
+    // Once the member maps (a person annotated the Node), it goes the usual way.
+    view.machines[0].etcd_member = Some(1);
+    assert_eq!(
+        next_step(&view, &removal),
+        Step::RecordHookMember {
+            machine: "m1".into(),
+            member: 1
+        }
+    );
+    // Provably none: every member is another Machine's.
+    view.machines[0].etcd_member = None;
+    membership(&mut view).members.retain(|m| m.id != 1);
+    assert_eq!(
+        next_step(&view, &removal),
+        Step::ReleaseHook {
+            machine: "m1".into()
+        }
+    );
+}
+
+#[test]
+fn a_remediation_of_a_target_whose_member_cannot_be_mapped_is_refused_with_the_worst_case() {
+    let mut view = three_machines();
+    view.machines[0].node_ref = None;
+    view.machines[0].etcd_member = None;
+    membership(&mut view).leader = Some(3);
+    let d = decide(&view, now());
+    assert!(
+        !matches!(d.outcome, Outcome::Remediate(_)),
+        "remediated on a guess: {}",
+        d.message
+    );
+    assert_eq!(
+        d.rule.as_str(),
+        "etcd.target-member-unknown",
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message
+            .contains("removing m1 would leave 2 of 2 voters healthy, quorum needs 2"),
+        "{}",
+        d.message
+    );
+    assert!(d.message.contains("node-m1-00000001"), "{}", d.message);
+    // Every member is another Machine's: it costs nothing.
+    membership(&mut view).members.retain(|m| m.id != 1);
+    let d = decide(&view, now());
+    assert!(matches!(d.outcome, Outcome::Remediate(_)), "{}", d.message);
 }

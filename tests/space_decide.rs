@@ -6,6 +6,7 @@
 
 use std::net::IpAddr;
 
+use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::decision::plan::Action;
 use k3s_control_plane::decision::world::{EtcdObservation, WorkloadState, World};
@@ -39,7 +40,8 @@ fn kcp() -> KThreesControlPlane {
 fn machine(i: u64) -> Machine {
     serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": format!("m{i}"), "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {"name": format!("m{i}"), "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: ""}},
         "spec": {
             "clusterName": "c",
             "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": format!("m{i}")}},

@@ -74,13 +74,24 @@ pub async fn act(
             let step = "remove-orphan-member".to_string();
             let etcd = require_etcd(&etcd, world, &step)?;
             let started = Instant::now();
+            // Checked again on the membership as it is now; leadership moved
+            // off it first if it leads.
             let removed = etcd
-                .remove_member(*member)
+                .safe_remove(*member)
                 .await
                 .map_err(|source| Error::Etcd { step, source })?;
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
-            let note = format!("removed {kind} etcd member {label}: {assessment}");
+            let moved = match &removed.leader_move {
+                Some(LeaderMove::Moved { to, .. }) => {
+                    format!(" (it led etcd: leadership moved to {to})")
+                }
+                _ => String::new(),
+            };
+            let note = format!(
+                "removed {kind} etcd member {label}{moved}: {assessment}; checked again when removed: {}",
+                removed.assessment
+            );
             info!(?removed, "{note}");
             publish(
                 ctx,
@@ -94,6 +105,25 @@ pub async fn act(
         }
         Action::EtcdSpace { step } => {
             act_on_space(ctx, world, plan, step, etcd).await?;
+            return Ok(outcome);
+        }
+        Action::AddHooks { machines: names } => {
+            for name in names {
+                let patch = json!({"metadata": {
+                    "resourceVersion": observed_version(world, name),
+                    "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(None)},
+                }});
+                machines
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| Error::Act {
+                        step: "add-hooks".into(),
+                        source,
+                    })?;
+            }
+            let note = format!("{} ({})", plan.message, plan.rule);
+            publish(ctx, kcp, EventType::Normal, "PreTerminateHookAdded", &note).await;
+            info!(rule = %plan.rule, "{note}");
             return Ok(outcome);
         }
         Action::Step { removal, step } => (removal, step),
@@ -132,6 +162,16 @@ pub async fn act(
                 .await
                 .map_err(act_err)?;
         }
+        Step::RecordHookMember { machine, member } => {
+            let patch = json!({"metadata": {
+                "resourceVersion": observed_version(world, machine),
+                "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(Some(*member))},
+            }});
+            machines
+                .patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(act_err)?;
+        }
         Step::MoveLeadership { from, to } => {
             // Beside the reconcile: a later pass confirms it (leadership.rs).
             let etcd = require_etcd(&etcd, world, &step_name)?;
@@ -154,12 +194,16 @@ pub async fn act(
             }
         }
         Step::RemoveMember {
-            member, assessment, ..
+            member,
+            via,
+            assessment,
         } => {
             let etcd = require_etcd(&etcd, world, &step_name)?;
             let started = Instant::now();
+            // The plan's quorum check is some milliseconds old: checked again
+            // on a snapshot taken now, sent to the member the plan chose.
             let removed = etcd
-                .remove_member(*member)
+                .safe_remove_via(*member, *via)
                 .await
                 .map_err(|source| Error::Etcd {
                     step: step_name.clone(),
@@ -167,7 +211,7 @@ pub async fn act(
                 })?;
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
-            info!(?removed, %assessment, "etcd member removed");
+            info!(?removed, planned = %assessment, "etcd member removed");
         }
         Step::ReleaseHook { machine } => {
             // cluster-api-k3s's hook goes with ours, in the same write: the
@@ -460,6 +504,7 @@ fn event_reason(step: &Step) -> &'static str {
     match step {
         Step::RecordRemediation { .. } => "RemediationStarted",
         Step::AddHook { .. } => "PreTerminateHookAdded",
+        Step::RecordHookMember { .. } => "EtcdMemberRecorded",
         Step::MoveLeadership { .. } => "EtcdLeadershipMoveStarted",
         Step::DeleteMachine { .. } => "MachineDeleting",
         Step::RemoveMember { .. } => "EtcdMemberRemoved",

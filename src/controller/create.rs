@@ -13,8 +13,8 @@ use serde_json::json;
 
 use crate::api::machine::{Bootstrap, MachineSpec};
 use crate::api::names::{
-    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, REMEDIATION_FOR_ANNOTATION,
-    SPEC_HASH_ANNOTATION,
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
+    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use crate::api::refs::ContractVersionedObjectReference;
 use crate::api::{KThreesConfig, Machine};
@@ -298,6 +298,12 @@ pub async fn create_machine(
     if let Some(rf) = remediation_for {
         annotations.insert(REMEDIATION_FOR_ANNOTATION.to_string(), rf.to_annotation());
     }
+    // Our pre-terminate hook from birth: whoever deletes this Machine, CAPI
+    // then waits for the removal steps (etcd leadership, member) to release it.
+    annotations.insert(
+        PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+        crate::remediation::steps::hook_value(None),
+    );
     // What it is made from, so a later spec change is seen as a rollout.
     annotations.insert(
         SPEC_HASH_ANNOTATION.to_string(),

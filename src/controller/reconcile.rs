@@ -395,9 +395,10 @@ async fn act_on_plan(
                 workload,
             })
         }
-        Action::CreateMachine | Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => {
-            Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
-        }
+        Action::CreateMachine
+        | Action::AddHooks { .. }
+        | Action::RemoveOrphan { .. }
+        | Action::EtcdSpace { .. } => Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200)))),
     }
 }
 
@@ -526,7 +527,7 @@ fn touches_etcd(action: &Action) -> bool {
             )
         }
         Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
-        Action::CreateMachine | Action::Wait | Action::Idle => false,
+        Action::CreateMachine | Action::AddHooks { .. } | Action::Wait | Action::Idle => false,
     }
 }
 

@@ -30,6 +30,11 @@ use super::world::World;
 /// The one thing this reconcile does.
 #[derive(Clone, Debug)]
 pub enum Action {
+    /// Put our pre-terminate hook on these live Machines, which lack it
+    /// (created by an earlier version, taken over from cluster-api-k3s,
+    /// restored by `clusterctl move`), so that a deletion anyone starts waits
+    /// for etcd's consent.
+    AddHooks { machines: Vec<String> },
     /// One step of a removal (remediation or scale-down).
     Step { removal: Removal, step: Step },
     /// Scale up by one Machine.
@@ -103,6 +108,7 @@ pub struct PlanSummary {
 impl Plan {
     pub fn summary(&self) -> PlanSummary {
         let action = match &self.action {
+            Action::AddHooks { .. } => "add-hooks".to_string(),
             Action::Step { step, .. } => step.name().to_string(),
             Action::CreateMachine => "create-machine".to_string(),
             Action::RemoveOrphan { .. } => "remove-orphan-member".to_string(),
@@ -249,6 +255,10 @@ fn orphan_input(world: &World, mapping: Option<&MembershipMap>) -> OrphanInput {
             .unwrap_or_default(),
         claimed_by_nodes,
         terminating_nodes,
+        nodes_unread: match &world.workload {
+            super::world::WorkloadState::Nodes(_) => None,
+            super::world::WorkloadState::Unavailable { reason } => Some(reason.clone()),
+        },
         first_seen: world.members_first_seen.clone(),
         grace: world.orphan_grace,
     }
@@ -281,6 +291,27 @@ fn choose(
     // scaling or rollout (removals in flight, orphans and a remediation that
     // goes ahead come first).
     let recovery = space.filter(|s| s.is_recovery()).and_then(space_action);
+    // Before anything else, every live Machine carries our hook: a deletion
+    // someone else starts (a person, another controller) then waits for the
+    // removal steps, as KCP's hook on every Machine it creates makes it.
+    let unhooked: Vec<String> = view
+        .machines
+        .iter()
+        .filter(|m| !m.is_deleting() && !m.has_our_hook)
+        .map(|m| m.name.clone())
+        .collect();
+    if !unhooked.is_empty() {
+        let message = format!(
+            "adding the pre-terminate hook to {} so that deleting {} waits for etcd's consent",
+            unhooked.join(", "),
+            if unhooked.len() == 1 { "it" } else { "them" }
+        );
+        return (
+            Action::AddHooks { machines: unhooked },
+            "hooks.adopt".into(),
+            message,
+        );
+    }
     // 0. A stale record (a Machine was created after it) is cleared before
     // anything is resumed from it: resuming would replace a machine whose
     // replacement already exists, or that was never ours.

@@ -158,7 +158,7 @@ pub fn control_plane_view(
     }
     Ok(ControlPlaneView {
         name: kcp.metadata.name.clone().unwrap_or_default(),
-        initialized: world.control_plane_initialized(),
+        initialized: control_plane_started(world),
         desired_replicas: kcp.desired_replicas().max(0) as u32,
         strategy: strategy(kcp),
         remediation_in_progress: remediation_data(
@@ -206,6 +206,18 @@ pub fn control_plane_view(
         pending_topology_version: None,
         machines,
     })
+}
+
+/// Whether the rules must treat the control plane as initialized, so that
+/// etcd is consulted before anything is removed: from what is observed, never
+/// from our own status alone (a KThreesControlPlane re-created by
+/// `clusterctl move` has no status; a workload API that is down hides the
+/// Nodes). Our status says so, a Machine has a nodeRef (its server
+/// registered a Node), a Node was read, or etcd answered with members.
+fn control_plane_started(world: &World) -> bool {
+    world.control_plane_initialized()
+        || world.machines.iter().any(|m| m.node_name().is_some())
+        || world.snapshot().is_some_and(|s| !s.members.is_empty())
 }
 
 /// The lifecycle decision's input, from `world`.
@@ -508,6 +520,112 @@ mod tests {
             alarms_error: alarms_error.map(str::to_string),
             foreign_clusters: Vec::new(),
         }
+    }
+
+    /// A KThreesControlPlane re-created by `clusterctl move` has no status;
+    /// while the workload API is down no Node is read either. Whether the
+    /// removal rules consult etcd comes from what is observed: a Machine with
+    /// a nodeRef, or a membership that answered with members.
+    #[test]
+    fn a_dropped_status_does_not_switch_etcd_off() {
+        let machine: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m0", "namespace": "ns"},
+            "spec": {"clusterName": "c",
+                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": "m0"}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m0"}},
+            "status": {"nodeRef": {"name": "cp-0"}}
+        }))
+        .unwrap();
+        let down = || WorkloadState::Unavailable {
+            reason: "x509: certificate has expired".into(),
+        };
+        let cases: [(&str, Option<Machine>, EtcdObservation, bool); 4] = [
+            (
+                "no status, Nodes unread, a Machine with a nodeRef",
+                Some(machine.clone()),
+                EtcdObservation::Unreachable {
+                    reason: "timeout".into(),
+                },
+                true,
+            ),
+            (
+                "no status, Nodes unread, etcd answered with members",
+                None,
+                EtcdObservation::Observed(snapshot(None)),
+                true,
+            ),
+            (
+                "no status, Nodes unread, no nodeRef, etcd unreachable: nothing has started",
+                None,
+                EtcdObservation::Unreachable {
+                    reason: "timeout".into(),
+                },
+                false,
+            ),
+            (
+                "no status, a Machine with a nodeRef and etcd answered",
+                Some(machine.clone()),
+                EtcdObservation::Observed(snapshot(None)),
+                true,
+            ),
+        ];
+        for (name, machine, etcd, initialized) in cases {
+            let mut w = world(etcd);
+            w.workload = down();
+            w.machines = machine.into_iter().collect();
+            assert!(w.kcp.status.is_none(), "{name}: the status was dropped");
+            let view = view_of(&w, None).unwrap();
+            assert_eq!(view.initialized, initialized, "{name}");
+        }
+    }
+
+    /// Machines created by an earlier version, taken over from
+    /// cluster-api-k3s or restored by `clusterctl move` lack our hook: they
+    /// get it before anything else, so that a deletion anyone starts waits
+    /// for etcd. A deleting Machine is left alone (its hook may have been
+    /// released by us, or removed by a person on purpose).
+    #[test]
+    fn live_machines_without_our_hook_get_it_before_anything_else() {
+        use crate::decision::plan::{Action, plan};
+        let machine = |name: &str, hook: bool, deleting: bool| -> Machine {
+            let mut m = json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"clusterName": "c", "version": "v1.30.2+k3s2",
+                         "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
+                         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}}
+            });
+            if hook {
+                m["metadata"]["annotations"] = json!({PRE_TERMINATE_HOOK_ANNOTATION: ""});
+            }
+            if deleting {
+                m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
+            }
+            serde_json::from_value(m).unwrap()
+        };
+        let mut w = world(EtcdObservation::Unreachable {
+            reason: "not read".into(),
+        });
+        w.machines = vec![
+            machine("m0", false, false),
+            machine("m1", true, false),
+            machine("m2", false, false),
+            machine("m3", false, true),
+        ];
+        let p = plan(&w).unwrap();
+        assert_eq!(p.rule, "hooks.adopt", "{}", p.message);
+        match &p.action {
+            Action::AddHooks { machines } => assert_eq!(machines, &["m0", "m2"]),
+            other => panic!("expected AddHooks, got {other:?}"),
+        }
+        w.machines = vec![
+            machine("m0", true, false),
+            machine("m1", true, false),
+            machine("m3", false, true),
+        ];
+        let p = plan(&w).unwrap();
+        assert!(!matches!(p.action, Action::AddHooks { .. }), "{}", p.rule);
     }
 
     #[test]

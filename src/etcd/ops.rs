@@ -187,6 +187,12 @@ impl EtcdCluster {
     /// gone is success; the removal is confirmed from a remaining member.
     #[instrument(skip(self), fields(member = format!("{id:016x}")))]
     pub async fn remove_member(&self, id: u64) -> Result<Removal, EtcdError> {
+        self.remove_member_via(id, None).await
+    }
+
+    /// [`Self::remove_member`], asking `via` first when it is a started voter
+    /// that stays (the member the decision chose), then the others in list order.
+    pub async fn remove_member_via(&self, id: u64, via: Option<u64>) -> Result<Removal, EtcdError> {
         let list = self.member_list(&[]).await?;
         let Some(target) = list.members.iter().find(|m| m.id == id).cloned() else {
             return Ok(Removal::AlreadyGone {
@@ -194,11 +200,13 @@ impl EtcdCluster {
             });
         };
         let label = label_of(&target);
-        let receivers: Vec<&ListedMember> = list
+        let mut receivers: Vec<&ListedMember> = list
             .members
             .iter()
             .filter(|m| m.id != id && !m.learner && !m.client_urls.is_empty())
             .collect();
+        // Stable: the chosen receiver first, the others keep their order.
+        receivers.sort_by_key(|m| Some(m.id) != via);
         if receivers.is_empty() {
             return Err(EtcdError::NoReceiver {
                 reason: format!("{label} is the only started voting member"),
@@ -321,6 +329,26 @@ impl EtcdCluster {
         snap: &MembershipSnapshot,
         id: u64,
     ) -> Result<SafeRemoval, EtcdError> {
+        self.safe_remove_via_in(snap, id, None).await
+    }
+
+    /// The removal a decision planned some time ago, checked again at the
+    /// moment it is carried out: [`Self::safe_remove`] on a snapshot taken
+    /// now (quorum on the membership as it is, alarms known, leadership moved
+    /// off the target if it leads again), the request sent to `via` (the
+    /// member the decision chose) first.
+    #[instrument(skip(self), fields(member = format!("{id:016x}"), via = format!("{via:016x}")))]
+    pub async fn safe_remove_via(&self, id: u64, via: u64) -> Result<SafeRemoval, EtcdError> {
+        let snap = self.snapshot().await?;
+        self.safe_remove_via_in(&snap, id, Some(via)).await
+    }
+
+    async fn safe_remove_via_in(
+        &self,
+        snap: &MembershipSnapshot,
+        id: u64,
+        via: Option<u64>,
+    ) -> Result<SafeRemoval, EtcdError> {
         check_quorum(snap)?;
         let assessment = snap.assess_removal(id);
         if snap.member(id).is_none() {
@@ -348,7 +376,7 @@ impl EtcdCluster {
         } else {
             None
         };
-        let removal = self.remove_member(id).await?;
+        let removal = self.remove_member_via(id, via).await?;
         Ok(SafeRemoval {
             assessment,
             leader_move,

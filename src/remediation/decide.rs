@@ -10,7 +10,9 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use super::model::{ControlPlaneView, EtcdState, MachineView, Membership, RemediationData};
+use super::model::{
+    ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, TargetMember,
+};
 use super::pick::pick_machine_to_remediate;
 use super::retry::{RetryVerdict, check_retry_limits};
 use crate::quorum::{self, Assessment};
@@ -43,12 +45,15 @@ pub enum Rule {
     NoHealthyControlPlaneLeft,
     EtcdMembershipUnknown,
     EtcdQuorumAtRisk,
+    /// The target maps to no member while some member is claimed by no
+    /// Machine: it may be the target's.
+    EtcdTargetUnmapped,
     NoLeadershipTransferee,
     Remediate,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 14] = [
+    pub const ALL: [Rule; 15] = [
         Rule::NoMachineToRemediate,
         Rule::TargetAlreadyDeleting,
         Rule::AnotherRemediationInProgress,
@@ -61,6 +66,7 @@ impl Rule {
         Rule::NoHealthyControlPlaneLeft,
         Rule::EtcdMembershipUnknown,
         Rule::EtcdQuorumAtRisk,
+        Rule::EtcdTargetUnmapped,
         Rule::NoLeadershipTransferee,
         Rule::Remediate,
     ];
@@ -79,6 +85,7 @@ impl Rule {
             Rule::NoHealthyControlPlaneLeft => "initialized.no-healthy-control-plane-left",
             Rule::EtcdMembershipUnknown => "etcd.membership-unknown",
             Rule::EtcdQuorumAtRisk => "etcd.quorum-at-risk",
+            Rule::EtcdTargetUnmapped => "etcd.target-member-unknown",
             Rule::NoLeadershipTransferee => "etcd.no-leadership-transferee",
             Rule::Remediate => "remediate",
         }
@@ -99,6 +106,7 @@ impl Rule {
             | Rule::TooFewMachines
             | Rule::NoHealthyControlPlaneLeft
             | Rule::EtcdQuorumAtRisk
+            | Rule::EtcdTargetUnmapped
             | Rule::NoLeadershipTransferee => Some(REASON_CANNOT_BE_REMEDIATED),
             Rule::EtcdMembershipUnknown => Some(REASON_INTERNAL_ERROR),
             Rule::Remediate => Some(REASON_MACHINE_DELETING),
@@ -454,9 +462,23 @@ pub fn etcd_removal_plan(
             ),
         ));
     }
-    let member = target
-        .etcd_member
-        .filter(|id| membership.member(*id).is_some());
+    let member = match view.target_member(target) {
+        TargetMember::Member(id) => Some(id),
+        TargetMember::None => None,
+        TargetMember::Unknown { unclaimed } => {
+            // Counted as a voter, the worst case among the unclaimed ones.
+            let assessment =
+                quorum::assess_unmapped_removal(&membership.members, &target.name, &unclaimed);
+            return Err((
+                Rule::EtcdTargetUnmapped,
+                format!(
+                    "KThreesControlPlane can't remove {} because its etcd member is unknown: {assessment}; {}",
+                    target.name,
+                    TargetMember::how_to_map(target)
+                ),
+            ));
+        }
+    };
     let assessment = match member {
         Some(id) => quorum::assess_removal(&membership.members, id),
         None => Assessment {

@@ -339,6 +339,53 @@ impl ControlPlaneView {
         self.membership()?.member(id)
     }
 
+    /// The target's member: the one recorded in our hook while it is in the
+    /// membership, else the one the membership maps to it now. After our
+    /// removal a k3s restart on the target brings a new member under a new
+    /// name (its tombstone, docs/k3s.md T2) that maps to the same Machine: it
+    /// is removed too before the hook goes, or it would be promoted and die
+    /// with the VM.
+    pub fn current_member(&self, target: &MachineView) -> Option<u64> {
+        let membership = self.membership()?;
+        let present = |id: &u64| membership.member(*id).is_some();
+        target
+            .hook_member
+            .filter(present)
+            .or(target.etcd_member.filter(present))
+    }
+
+    /// What the membership read in this pass says of `target`'s member. It
+    /// has none only provably: the member our hook recorded is gone, or every
+    /// member is claimed by another Machine. Otherwise any member no Machine
+    /// claims (an unnamed, starting one included) may be its own.
+    pub fn target_member(&self, target: &MachineView) -> TargetMember {
+        let Some(membership) = self.membership() else {
+            return TargetMember::Unknown { unclaimed: vec![] };
+        };
+        if let Some(id) = self.current_member(target) {
+            return TargetMember::Member(id);
+        }
+        if target.hook_member.is_some() {
+            return TargetMember::None;
+        }
+        let unclaimed: Vec<u64> = membership
+            .members
+            .iter()
+            .filter(|member| {
+                member.name.is_empty()
+                    || !self.machines.iter().any(|m| {
+                        m.etcd_member == Some(member.id) || m.hook_member == Some(member.id)
+                    })
+            })
+            .map(|member| member.id)
+            .collect();
+        if unclaimed.is_empty() {
+            TargetMember::None
+        } else {
+            TargetMember::Unknown { unclaimed }
+        }
+    }
+
     /// The machine's etcd member is unhealthy (probe error or alarm), or is
     /// missing past its grace period while the Node shows embedded etcd. A
     /// machine whose Node shows no etcd (`--disable-etcd`) has no etcd problem.
@@ -350,6 +397,30 @@ impl ControlPlaneView {
                     .etcd_member_missing
                     .as_ref()
                     .is_some_and(|m| m.confirmed))
+    }
+}
+
+/// A removal target's etcd member, as the real membership shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetMember {
+    /// This member is the target's.
+    Member(u64),
+    /// Provably none: removing the target costs nothing.
+    None,
+    /// Not mapped, but these members (ids) are claimed by no Machine: any of
+    /// them may be the target's (empty: the membership was not read).
+    Unknown { unclaimed: Vec<u64> },
+}
+
+impl TargetMember {
+    /// What would let the mapping pair `machine` with its member, for messages.
+    pub fn how_to_map(machine: &MachineView) -> String {
+        format!(
+            "give {}'s Node ({}) the annotation {} with its member's name, or set the Machine's status.addresses to the member's peer address; or, if the member is not its own, remove that member with `k3s-control-plane etcd remove-member`",
+            machine.name,
+            machine.node_ref.as_deref().unwrap_or("no nodeRef yet"),
+            crate::api::names::K3S_ETCD_NODE_NAME_ANNOTATION
+        )
     }
 }
 

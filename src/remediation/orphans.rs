@@ -32,6 +32,9 @@ pub struct OrphanInput {
     /// Member name -> its Node, which is Terminating (claims nothing: k3s's
     /// finalizer removes the member, and holds the Node while it cannot).
     pub terminating_nodes: BTreeMap<String, String>,
+    /// Why the workload Nodes were not read in this pass, if they were not:
+    /// then no Node can be said to claim nothing, and nothing is removed.
+    pub nodes_unread: Option<String>,
     /// When this controller first saw each member id.
     pub first_seen: BTreeMap<u64, DateTime<Utc>>,
     pub grace: Duration,
@@ -97,6 +100,11 @@ pub fn decide_orphans(
     };
     if !view.initialized {
         return wait("the control plane is not initialized".into());
+    }
+    if let Some(reason) = &input.nodes_unread {
+        return wait(format!(
+            "the workload Nodes were not read in this pass ({reason}): a Node may claim it"
+        ));
     }
     if let Some(m) = view
         .machines
@@ -197,12 +205,39 @@ mod tests {
             members_without_machine: without.clone(),
             claimed_by_nodes: vec![],
             terminating_nodes: BTreeMap::new(),
+            nodes_unread: None,
             first_seen: without
                 .iter()
                 .map(|id| (*id, now() - chrono::Duration::seconds(seen_ago)))
                 .collect(),
             grace: Duration::from_secs(60),
         }
+    }
+
+    /// The workload API is down (an expired certificate, an upgrade that
+    /// crash-loops): an unread Node list is no proof that no Node claims the
+    /// member. A healthy etcd-only server's member must survive it.
+    #[test]
+    fn an_orphan_is_not_removed_when_the_nodes_were_not_read_in_this_pass() {
+        let mut unread = input(vec![9], 3600);
+        unread.nodes_unread = Some("connection refused".into());
+        let view = three_with(member(9, "etcd-only-0-dddddddd", true));
+        match decide_orphans(&view, &unread, now()) {
+            OrphanDecision::Wait { member, reason } => {
+                assert!(member.starts_with("etcd-only-0-dddddddd"), "{member}");
+                assert!(
+                    reason
+                        .contains("workload Nodes were not read in this pass (connection refused)"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // Read in this pass and claimed by no Node: it goes.
+        assert!(matches!(
+            decide_orphans(&view, &input(vec![9], 3600), now()),
+            OrphanDecision::Remove { member: 9, .. }
+        ));
     }
 
     #[test]

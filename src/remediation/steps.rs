@@ -35,7 +35,7 @@ use std::fmt;
 use super::decide::leadership_transferee;
 use super::model::{
     ControlPlaneView, EtcdState, MachineView, Membership, PRE_TERMINATE_HOOK_ANNOTATION,
-    RemediationData,
+    RemediationData, TargetMember,
 };
 use crate::quorum::{self, Assessment};
 
@@ -84,6 +84,9 @@ pub enum WaitReason {
     /// A leadership move off the target was started and is not confirmed
     /// yet (within its deadline): a later pass confirms it.
     LeadershipMoving,
+    /// The target maps to no member, but some member is claimed by no
+    /// Machine: it may be the target's. Nothing is removed on a guess.
+    TargetMemberUnknown,
 }
 
 impl WaitReason {
@@ -101,10 +104,11 @@ impl WaitReason {
             WaitReason::MachineGoing => "machine-going",
             WaitReason::UpstreamMemberUnknown => "upstream-member-unknown",
             WaitReason::LeadershipMoving => "leadership-moving",
+            WaitReason::TargetMemberUnknown => "target-member-unknown",
         }
     }
 
-    pub const ALL: [WaitReason; 11] = [
+    pub const ALL: [WaitReason; 12] = [
         WaitReason::AnotherRemediation,
         WaitReason::EtcdUnreachable,
         WaitReason::NoTransferee,
@@ -116,6 +120,7 @@ impl WaitReason {
         WaitReason::MachineGoing,
         WaitReason::UpstreamMemberUnknown,
         WaitReason::LeadershipMoving,
+        WaitReason::TargetMemberUnknown,
     ];
 
     /// An ordinary part of a removal (CAPI draining, hooks, the Machine
@@ -148,6 +153,9 @@ pub enum Step {
         machine: String,
         member: Option<u64>,
     },
+    /// Before its member is removed, record in our hook's value the member
+    /// that is the deleting Machine's (the hook was added empty at creation).
+    RecordHookMember { machine: String, member: u64 },
     /// 3 and 6. MoveLeader sent to `from` (the leader), to `to`.
     MoveLeadership { from: u64, to: u64 },
     /// 4. Delete the Machine.
@@ -176,6 +184,7 @@ impl Step {
         match self {
             Step::RecordRemediation { .. } => "record-remediation",
             Step::AddHook { .. } => "add-hook",
+            Step::RecordHookMember { .. } => "record-hook-member",
             Step::MoveLeadership { .. } => "move-leadership",
             Step::DeleteMachine { .. } => "delete-machine",
             Step::Wait { .. } => "wait",
@@ -200,6 +209,10 @@ impl fmt::Display for Step {
                 Some(id) => write!(f, "add pre-terminate hook to {machine} (member {id:016x})"),
                 None => write!(f, "add pre-terminate hook to {machine} (no etcd member)"),
             },
+            Step::RecordHookMember { machine, member } => write!(
+                f,
+                "record etcd member {member:016x} in the pre-terminate hook of {machine}"
+            ),
             Step::MoveLeadership { from, to } => {
                 write!(f, "move etcd leadership from {from:016x} to {to:016x}")
             }
@@ -375,7 +388,7 @@ fn take_over_upstream_hook(view: &ControlPlaneView, target: &MachineView) -> Ste
         machine: target.name.clone(),
         member,
     };
-    let membership = match etcd_in_scope(view) {
+    match etcd_in_scope(view) {
         Err(message) => {
             return wait(
                 WaitReason::EtcdUnreachable,
@@ -386,46 +399,59 @@ fn take_over_upstream_hook(view: &ControlPlaneView, target: &MachineView) -> Ste
             );
         }
         Ok(None) => return add(None),
-        Ok(Some(m)) => m,
-    };
-    if let Some(member) = current_member(view, target) {
-        return add(Some(member));
+        Ok(Some(_)) => {}
     }
-    let unclaimed = unclaimed_members(view, membership);
-    if unclaimed.is_empty() {
+    match view.target_member(target) {
+        TargetMember::Member(member) => add(Some(member)),
         // Every member belongs to another Machine: this one's is already gone.
-        return add(None);
-    }
-    wait(
-        WaitReason::UpstreamMemberUnknown,
-        format!(
-            "{UPSTREAM_TAKEOVER_RULE}: {} (deleting, cluster-api-k3s hook) maps to no etcd member, but {} claimed by no Machine ({}); it may be this Machine's: not releasing the hook on a guess (give its Node the annotation etcd.k3s.cattle.io/node-name, or remove the member with `k3s-control-plane etcd remove-member`)",
-            target.name,
-            if unclaimed.len() == 1 {
-                "a member is"
-            } else {
-                "members are"
-            },
-            unclaimed.join(", ")
+        TargetMember::None => add(None),
+        TargetMember::Unknown { unclaimed } => wait(
+            WaitReason::UpstreamMemberUnknown,
+            format!(
+                "{UPSTREAM_TAKEOVER_RULE}: {} (deleting, cluster-api-k3s hook) maps to no etcd member, but {} claimed by no Machine ({}); it may be this Machine's: not releasing the hook on a guess ({})",
+                target.name,
+                if unclaimed.len() == 1 {
+                    "a member is"
+                } else {
+                    "members are"
+                },
+                labels(view, &unclaimed),
+                TargetMember::how_to_map(target)
+            ),
         ),
-    )
+    }
 }
 
-/// Labels of the members no Machine maps to (by the mapping or a hook's
-/// record); an unnamed (starting) member is never claimed.
-fn unclaimed_members(view: &ControlPlaneView, membership: &Membership) -> Vec<String> {
-    membership
-        .members
-        .iter()
-        .filter(|member| {
-            member.name.is_empty()
-                || !view
-                    .machines
-                    .iter()
-                    .any(|m| m.etcd_member == Some(member.id) || m.hook_member == Some(member.id))
+/// The members `ids` as named in messages.
+fn labels(view: &ControlPlaneView, ids: &[u64]) -> String {
+    let membership = view.membership();
+    ids.iter()
+        .map(|id| {
+            membership
+                .and_then(|m| m.member(*id))
+                .map_or_else(|| format!("{id:016x}"), |m| m.label())
         })
-        .map(|member| member.label())
-        .collect()
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why `target` waits while its member is unknown, with the worst-case
+/// arithmetic (it counts as one of the unclaimed members).
+fn member_unknown(
+    membership: &Membership,
+    target: &MachineView,
+    unclaimed: &[u64],
+    doing: &str,
+) -> Step {
+    let assessment = quorum::assess_unmapped_removal(&membership.members, &target.name, unclaimed);
+    wait(
+        WaitReason::TargetMemberUnknown,
+        format!(
+            "not {doing} {} now: {assessment}; {}",
+            target.name,
+            TargetMember::how_to_map(target)
+        ),
+    )
 }
 
 fn after_machine_gone(
@@ -466,23 +492,9 @@ fn etcd_in_scope(view: &ControlPlaneView) -> Result<Option<&Membership>, String>
     }
 }
 
-/// The target's member: the one recorded in our hook while it is in the
-/// membership, else the one the membership maps to it now. After our removal
-/// a k3s restart on the target brings a new member under a new name (its
-/// tombstone, docs/k3s.md T2) that maps to the same Machine: it is removed
-/// too before the hook goes, or it would be promoted and die with the VM.
-fn current_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> {
-    let membership = view.membership()?;
-    let present = |id: &u64| membership.member(*id).is_some();
-    target
-        .hook_member
-        .filter(present)
-        .or(target.etcd_member.filter(present))
-}
-
 fn planned_member(view: &ControlPlaneView, target: &MachineView) -> Option<u64> {
     match etcd_in_scope(view) {
-        Ok(Some(_)) => current_member(view, target),
+        Ok(Some(_)) => view.current_member(target),
         _ => None,
     }
 }
@@ -507,9 +519,12 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
             ),
         ));
     }
-    let assessment = match current_member(view, target) {
-        Some(member) => quorum::assess_removal(&membership.members, member),
-        None => quorum::assess_cluster(&membership.members),
+    let assessment = match view.target_member(target) {
+        TargetMember::Member(member) => quorum::assess_removal(&membership.members, member),
+        TargetMember::None => quorum::assess_cluster(&membership.members),
+        TargetMember::Unknown { unclaimed } => {
+            return Some(member_unknown(membership, target, &unclaimed, "deleting"));
+        }
     };
     if assessment.is_safe() {
         return None;
@@ -526,7 +541,7 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
         Ok(None) => return None,
         Ok(Some(m)) => m,
     };
-    let member = current_member(view, target)?;
+    let member = view.current_member(target)?;
     if membership.leader != Some(member) {
         return None;
     }
@@ -564,7 +579,24 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
         Ok(None) => return None,
         Ok(Some(m)) => m,
     };
-    let member = current_member(view, target)?;
+    let member = match view.target_member(target) {
+        TargetMember::Member(member) => member,
+        TargetMember::None => return None,
+        TargetMember::Unknown { unclaimed } => {
+            return Some(member_unknown(
+                membership,
+                target,
+                &unclaimed,
+                "releasing the hook of",
+            ));
+        }
+    };
+    if target.hook_member != Some(member) {
+        return Some(Step::RecordHookMember {
+            machine: target.name.clone(),
+            member,
+        });
+    }
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
         return Some(wait(
             WaitReason::QuorumAtRisk,
@@ -613,10 +645,12 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
 }
 
 /// The removal in flight, rebuilt from what is observable (after a restart, or
-/// on any reconcile): the remediation recorded on the KCP, else a machine that
-/// carries our hook, or a deleting machine that carries cluster-api-k3s's
-/// (a scale-down, a rollout or a remediation upstream started and did not
-/// finish). `None`: nothing in flight.
+/// on any reconcile): the remediation recorded on the KCP, else the deleting
+/// Machine that still carries our hook (every Machine carries it from its
+/// creation, so this is any deletion, whoever started it: a removal of ours,
+/// a person's `kubectl delete machine`, another controller) or
+/// cluster-api-k3s's (a removal upstream started and did not finish); the
+/// oldest deletion first, one at a time. `None`: nothing in flight.
 pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     if let Some(record) = &view.remediation_in_progress {
         return Some(Removal {
@@ -628,8 +662,8 @@ pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     }
     view.machines
         .iter()
-        .filter(|m| m.has_our_hook || (m.has_upstream_hook && m.is_deleting()))
-        .min_by_key(|m| (m.deleting.is_none(), m.deleting, m.name.clone()))
+        .filter(|m| m.is_deleting() && (m.has_our_hook || m.has_upstream_hook))
+        .min_by_key(|m| (m.deleting, m.name.clone()))
         .map(|m| Removal {
             machine: m.name.clone(),
             kind: RemovalKind::ScaleDown,
@@ -710,6 +744,7 @@ mod upstream_hook_tests {
                 m1(view).has_our_hook = true;
                 m1(view).hook_member = *member;
             }
+            Step::RecordHookMember { member, .. } => m1(view).hook_member = Some(*member),
             Step::MoveLeadership { to, .. } => membership(view).leader = Some(*to),
             Step::RemoveMember { member, .. } => {
                 membership(view).members.retain(|m| m.id != *member)
@@ -870,10 +905,13 @@ mod upstream_hook_tests {
         m1(&mut view).etcd_member = Some(7);
         let steps = walk(view);
         let names: Vec<&str> = steps.iter().map(Step::name).collect();
-        assert_eq!(names, ["remove-member", "release-hook"]);
+        assert_eq!(
+            names,
+            ["record-hook-member", "remove-member", "release-hook"]
+        );
         assert!(
             matches!(
-                steps[0],
+                steps[1],
                 Step::RemoveMember {
                     member: 7,
                     via: 2,
@@ -881,7 +919,7 @@ mod upstream_hook_tests {
                 }
             ),
             "{:?}",
-            steps[0]
+            steps[1]
         );
     }
 

@@ -550,6 +550,7 @@ mod report_tests {
     use std::net::IpAddr;
 
     use crate::api::KThreesControlPlane;
+    use crate::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
     use crate::cli::inspect::render_text;
 
     use serde_json::json;
@@ -665,7 +666,8 @@ mod report_tests {
     fn machine(name: &str, node: &str, ip: &str) -> Machine {
         serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: ""}},
             "spec": {
                 "clusterName": "c",
                 "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
