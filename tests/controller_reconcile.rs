@@ -255,9 +255,49 @@ async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
     // One step per reconcile: the test acts between two particular steps.
     let ctx = controller_context(sandbox.client(), one_step_settings());
     let target = sandbox.machines[1].clone();
+    // A Machine made by an earlier version: no hook of ours yet.
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {PRE_TERMINATE_HOOK_ANNOTATION: null}}}),
+            ),
+        )
+        .await
+        .unwrap();
     sandbox.mark_unhealthy(&target).await.unwrap();
 
-    // Step 1 of the remediation records it on the control plane.
+    // Before anything else, the hook goes on the Machine.
+    let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
+    let planned = plan(&world).unwrap();
+    assert!(
+        matches!(&planned.action, Action::AddHooks { machines } if machines == &[target.clone()]),
+        "{:?}",
+        planned.action
+    );
+    sandbox
+        .machines_api()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"someone": "else"}}})),
+        )
+        .await
+        .unwrap();
+    let err = act(&ctx, &world, &planned, etcd).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let machine = sandbox.machines_api().get(&target).await.unwrap();
+    assert!(
+        !machine
+            .annotations()
+            .contains_key(PRE_TERMINATE_HOOK_ANNOTATION)
+    );
+
+    // Observed again, it adds the hook; then the remediation is recorded on
+    // the control plane.
+    reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
     let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
     let planned = plan(&world).unwrap();
     assert!(
@@ -286,38 +326,5 @@ async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
     assert!(
         !now.annotations()
             .contains_key(REMEDIATION_IN_PROGRESS_ANNOTATION)
-    );
-
-    // Observed again, it records; step 2 adds the hook on the Machine.
-    reconcile(kcp(&sandbox).await, ctx.clone()).await.unwrap();
-    let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
-    let planned = plan(&world).unwrap();
-    assert!(
-        matches!(
-            &planned.action,
-            Action::Step {
-                step: Step::AddHook { .. },
-                ..
-            }
-        ),
-        "{:?}",
-        planned.action
-    );
-    sandbox
-        .machines_api()
-        .patch(
-            &target,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"someone": "else"}}})),
-        )
-        .await
-        .unwrap();
-    let err = act(&ctx, &world, &planned, etcd).await.unwrap_err();
-    assert!(err.is_conflict(), "{err}");
-    let machine = sandbox.machines_api().get(&target).await.unwrap();
-    assert!(
-        !machine
-            .annotations()
-            .contains_key(PRE_TERMINATE_HOOK_ANNOTATION)
     );
 }

@@ -36,6 +36,7 @@ async fn as_upstream_left_it(sandbox: &Sandbox, hooks: &[&str]) {
     for name in &sandbox.machines {
         let mut annotations = json!({
             SPEC_HASH_ANNOTATION: null,
+            PRE_TERMINATE_HOOK_ANNOTATION: null,
             UPSTREAM_SERVER_CONFIG_ANNOTATION: r#"{"disableComponents":["traefik"]}"#,
         });
         if hooks.contains(&name.as_str()) {
@@ -145,7 +146,16 @@ async fn taking_over_a_settled_upstream_control_plane_deletes_creates_and_remove
                 .map(String::as_str),
             Some(UPSTREAM_PRE_TERMINATE_HOOK_VALUE)
         );
-        assert!(!m.annotations().contains_key(PRE_TERMINATE_HOOK_ANNOTATION));
+        // Our hook goes on every live Machine taken over (empty: no removal
+        // chosen), so that a deletion anyone starts waits for etcd.
+        assert_eq!(
+            m.annotations()
+                .get(PRE_TERMINATE_HOOK_ANNOTATION)
+                .map(String::as_str),
+            Some(""),
+            "{}: our hook added on takeover",
+            m.name_any()
+        );
     }
     assert_eq!(
         member_ids(&sandbox, &admin).await,

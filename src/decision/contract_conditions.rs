@@ -246,7 +246,16 @@ pub fn contract_conditions(
                 AVAILABLE,
                 Some(true),
                 "Available",
-                format!("{} of {} Machines ready; {quorum_message}", r.ready, r.live),
+                format!(
+                    "{} of {} Machines ready{}; {quorum_message}",
+                    r.ready,
+                    r.live,
+                    if r.live == r.desired {
+                        String::new()
+                    } else {
+                        format!(", {} desired", r.desired)
+                    }
+                ),
             ),
             Some(false) => value(
                 AVAILABLE,

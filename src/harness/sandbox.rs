@@ -695,11 +695,18 @@ impl Sandbox {
                     (CONTROL_PLANE_LABEL.to_string(), String::new()),
                     (CONTROL_PLANE_NAME_LABEL.to_string(), KCP.to_string()),
                 ])),
-                // As if this control plane had made it from its current spec.
-                annotations: Some(BTreeMap::from([(
-                    crate::api::names::SPEC_HASH_ANNOTATION.to_string(),
-                    crate::rollout::spec_hash(kcp),
-                )])),
+                // As if this control plane had made it from its current spec,
+                // with our pre-terminate hook from birth.
+                annotations: Some(BTreeMap::from([
+                    (
+                        crate::api::names::SPEC_HASH_ANNOTATION.to_string(),
+                        crate::rollout::spec_hash(kcp),
+                    ),
+                    (
+                        crate::api::names::PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+                        crate::remediation::steps::hook_value(None),
+                    ),
+                ])),
                 owner_references: Some(vec![owner]),
                 ..ObjectMeta::default()
             },

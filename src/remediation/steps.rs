@@ -6,21 +6,29 @@
 //! steps resumes where it stopped, without repeating or skipping one:
 //!
 //! 1. record the remediation on the KCP (`remediation-in-progress`; MHC only);
-//! 2. add our pre-terminate hook to the Machine (its value records the member);
+//! 2. our pre-terminate hook is on the Machine from its creation (added here
+//!    only to one that lacks it);
 //! 3. move etcd leadership off the target's member, if it leads;
-//! 4. delete the Machine (CAPI drains the node, then waits on hooks);
+//! 4. re-check quorum, then delete the Machine (CAPI drains the node, then
+//!    waits on hooks);
 //! 5. wait until CAPI waits on pre-terminate hooks, no other hook remains, and
 //!    this is the machine with the oldest deletionTimestamp;
 //! 6. move leadership again if it came back to the target;
-//! 7. remove the member, through a member that stays, after re-checking quorum;
+//! 7. record the target's member in the hook's value, re-check quorum, and
+//!    remove the member through a member that stays; a target whose member
+//!    cannot be told apart from one no Machine claims waits;
 //! 8. (observation) the member is gone from the membership;
 //! 9. release our hook so CAPI finishes the deletion (a scale-down is done here;
 //!    a remediation waits until the Machine is gone);
 //! 10. create the replacement with `remediation-for` (MHC only), then clear the
 //!     KCP's `remediation-in-progress`.
 //!
+//! Steps 5-9 are the same for every deletion, whoever started it: a person's
+//! `kubectl delete machine`, another controller, or one of ours.
+//!
 //! Scale-down runs the same steps without 1 and 10. [`resume`] rebuilds the
-//! in-flight removal from what is observable (the KCP annotation, our hook).
+//! in-flight removal from what is observable (the KCP annotation, a deleting
+//! Machine holding our hook).
 //!
 //! After a migration from cluster-api-k3s, a Machine that upstream left
 //! deleting with only its own hook (`pre-terminate.delete.hook.machine.cluster.x-k8s.io: k3s`)
