@@ -6,7 +6,9 @@
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use k3s_control_plane::quorum::MemberView;
-use k3s_control_plane::remediation::steps::{hook_value, parse_hook_value, resume};
+use k3s_control_plane::remediation::steps::{
+    BORN_HOOK_VALUE, HookValue, hook_value, parse_hook_value, resume,
+};
 use k3s_control_plane::remediation::{
     ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationData,
     RemediationStrategy, Removal, RemovalKind, Step, WaitReason, decide, next_step,
@@ -78,6 +80,7 @@ fn apply(view: &mut ControlPlaneView, removal: &Removal, step: &Step) {
         Step::AddHook { member, .. } => {
             let m = target(view, &name).unwrap();
             m.has_our_hook = true;
+            m.removal_chosen = true;
             m.hook_member = *member;
         }
         Step::RecordHookMember { member, .. } => {
@@ -128,17 +131,9 @@ fn apply(view: &mut ControlPlaneView, removal: &Removal, step: &Step) {
     }
 }
 
-/// The controller after a restart: it knows only what it observes. A
-/// remediation is recorded on the KCP and a deletion carries our hook; a
-/// scale-down or rollout not yet deleting is chosen again by its rule, which
-/// picks the same Machine from the same world (its own table tests).
-fn rebuild(view: &ControlPlaneView, removal: &Removal) -> Option<Removal> {
-    resume(view).or_else(|| {
-        let live = view
-            .machine(&removal.machine)
-            .is_some_and(|m| !m.is_deleting());
-        (live && removal.kind == RemovalKind::ScaleDown).then(|| removal.clone())
-    })
+/// The controller after a restart: it knows only what it observes.
+fn rebuild(view: &ControlPlaneView) -> Option<Removal> {
+    resume(view)
 }
 
 /// Walk a removal to Done; returns the step names and the states before each step.
@@ -181,7 +176,7 @@ fn assert_resumable(trace: &[(ControlPlaneView, Step)], removal: &Removal) {
         let mut replay = before.clone();
         apply(&mut replay, removal, step);
         assert_eq!(&replay, after, "the trace is the world's own history");
-        let resumed = match rebuild(after, removal) {
+        let resumed = match rebuild(after) {
             Some(restarted) => next_step(after, &restarted),
             None => Step::Done,
         };
@@ -449,6 +444,7 @@ fn quorum_is_checked_again_before_the_machine_is_deleted() {
     };
     view.remediation_in_progress = Some(record.clone());
     view.machines[0].has_our_hook = true;
+    view.machines[0].removal_chosen = true;
     view.machines[0].hook_member = Some(1);
     membership(&mut view).leader = Some(3);
     assert!(matches!(
@@ -522,10 +518,22 @@ fn another_remediation_recorded_blocks() {
 
 #[test]
 fn hook_value_round_trips_and_rejects_garbage() {
+    let chosen = |member| HookValue {
+        removal_chosen: true,
+        member,
+    };
     assert_eq!(hook_value(Some(0x1a2b)), "member=1a2b");
-    assert_eq!(parse_hook_value("member=1a2b"), Ok(Some(0x1a2b)));
-    assert_eq!(hook_value(None), "");
-    assert_eq!(parse_hook_value(""), Ok(None));
+    assert_eq!(parse_hook_value("member=1a2b"), Ok(chosen(Some(0x1a2b))));
+    assert_eq!(hook_value(None), "member=none");
+    assert_eq!(parse_hook_value("member=none"), Ok(chosen(None)));
+    assert_eq!(
+        parse_hook_value(BORN_HOOK_VALUE),
+        Ok(HookValue {
+            removal_chosen: false,
+            member: None
+        })
+    );
+    assert!(parse_hook_value("member=zz").is_err());
     let err = parse_hook_value("yes").unwrap_err();
     assert!(
         err.contains("pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane"),

@@ -381,23 +381,25 @@ fn table() {
             },
         ),
         (
-            "a routine defragmentation waits while a Machine is being deleted (the scale rule waits first)",
+            "a routine defragmentation waits while a Machine is being deleted (its removal goes first)",
             |w| {
                 sized(w, 2, 80, 10);
                 deleting(w, 1);
             },
             Expect {
                 action: None,
-                rule: "scale-up.machine-deleting",
+                rule: "removal.wait.drain",
                 condition: Some(("True", "DefragmentationWaiting")),
             },
         ),
         (
-            "NOSPACE waits for a Machine being deleted to be gone",
+            "NOSPACE waits for a Machine whose hook is released to be gone",
             |w| {
                 sized(w, 2, 100, 20);
                 nospace(w, 2);
                 deleting(w, 1);
+                // Our part is over: CAPI is finishing the deletion.
+                w.machines[1].metadata.annotations = None;
             },
             Expect {
                 action: None,

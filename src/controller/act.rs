@@ -18,7 +18,9 @@ use crate::api::names::{
 };
 use crate::api::{KThreesControlPlane, Machine};
 use crate::etcd::{EtcdCluster, LeaderMove};
-use crate::remediation::steps::{Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value};
+use crate::remediation::steps::{
+    BORN_HOOK_VALUE, Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value,
+};
 use crate::space::SpaceStep;
 
 use super::context::Context;
@@ -111,7 +113,7 @@ pub async fn act(
             for name in names {
                 let patch = json!({"metadata": {
                     "resourceVersion": observed_version(world, name),
-                    "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: hook_value(None)},
+                    "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: BORN_HOOK_VALUE},
                 }});
                 machines
                     .patch(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -302,7 +302,7 @@ pub async fn create_machine(
     // then waits for the removal steps (etcd leadership, member) to release it.
     annotations.insert(
         PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
-        crate::remediation::steps::hook_value(None),
+        crate::remediation::steps::BORN_HOOK_VALUE.to_string(),
     );
     // What it is made from, so a later spec change is seen as a rollout.
     annotations.insert(

@@ -293,12 +293,12 @@ fn machine_view(
     );
     let empty = BTreeMap::new();
     let annotations = machine.metadata.annotations.as_ref().unwrap_or(&empty);
-    let hook_member = match annotations.get(PRE_TERMINATE_HOOK_ANNOTATION) {
-        Some(value) => parse_hook_value(value).map_err(|reason| ViewError {
+    let hook = match annotations.get(PRE_TERMINATE_HOOK_ANNOTATION) {
+        Some(value) => Some(parse_hook_value(value).map_err(|reason| ViewError {
             object: object.clone(),
             field: format!("metadata.annotations[{PRE_TERMINATE_HOOK_ANNOTATION}]"),
             reason,
-        })?,
+        })?),
         None => None,
     };
     let waiting_v1beta2 = machine
@@ -341,7 +341,8 @@ fn machine_view(
         etcd_member_missing: member_missing(world, machine, mapping),
         components_healthy: node.and_then(|n| n.ready),
         has_our_hook: annotations.contains_key(PRE_TERMINATE_HOOK_ANNOTATION),
-        hook_member,
+        hook_member: hook.and_then(|h| h.member),
+        removal_chosen: hook.is_some_and(|h| h.removal_chosen),
         has_upstream_hook: has_upstream_hook(annotations),
         other_pre_terminate_hooks: other_pre_terminate_hooks(annotations),
         waiting_for_pre_terminate_hook: waiting_v1beta2 || waiting_v1beta1,

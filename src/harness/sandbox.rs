@@ -704,7 +704,7 @@ impl Sandbox {
                     ),
                     (
                         crate::api::names::PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
-                        crate::remediation::steps::hook_value(None),
+                        crate::remediation::steps::BORN_HOOK_VALUE.to_string(),
                     ),
                 ])),
                 owner_references: Some(vec![owner]),

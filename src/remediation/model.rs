@@ -206,6 +206,9 @@ pub struct MachineView {
     /// [`super::steps::hook_value`]), so the member to remove survives the
     /// Node and its mapping going away.
     pub hook_member: Option<u64>,
+    /// Our hook's value says a removal of ours chose this Machine (a hook
+    /// born empty only holds deletions others start).
+    pub removal_chosen: bool,
     /// cluster-api-k3s's hook (`pre-terminate.delete.hook.machine.cluster.x-k8s.io: k3s`)
     /// is on the Machine: left by the upstream controller this one replaced,
     /// ours to release once the member is gone (never another owner's hook).
@@ -252,6 +255,7 @@ impl MachineView {
             components_healthy: None,
             has_our_hook: false,
             hook_member: None,
+            removal_chosen: false,
             has_upstream_hook: false,
             other_pre_terminate_hooks: Vec::new(),
             waiting_for_pre_terminate_hook: false,

@@ -214,8 +214,14 @@ impl fmt::Display for Step {
                 value.machine, value.retry_count
             ),
             Step::AddHook { machine, member } => match member {
-                Some(id) => write!(f, "add pre-terminate hook to {machine} (member {id:016x})"),
-                None => write!(f, "add pre-terminate hook to {machine} (no etcd member)"),
+                Some(id) => write!(
+                    f,
+                    "mark {machine} for removal in its pre-terminate hook (member {id:016x})"
+                ),
+                None => write!(
+                    f,
+                    "mark {machine} for removal in its pre-terminate hook (no etcd member)"
+                ),
             },
             Step::RecordHookMember { machine, member } => write!(
                 f,
@@ -248,25 +254,47 @@ impl fmt::Display for Step {
     }
 }
 
-/// Our hook annotation's value: the member it guards (`member=<hex id>`), or empty.
+/// Our hook's value on a Machine no removal of ours has chosen: it only
+/// holds a deletion someone else starts until etcd consents.
+pub const BORN_HOOK_VALUE: &str = "";
+
+/// Our hook's value once a removal of ours chose the Machine: the member it
+/// guards (`member=<hex id>`), or `member=none` when it has none.
 pub fn hook_value(member: Option<u64>) -> String {
-    member
-        .map(|id| format!("member={id:x}"))
-        .unwrap_or_default()
+    member.map_or_else(|| "member=none".to_string(), |id| format!("member={id:x}"))
+}
+
+/// Our hook's value, read: whether a removal of ours chose the Machine, and
+/// the member recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookValue {
+    pub removal_chosen: bool,
+    pub member: Option<u64>,
 }
 
 /// Parse our hook annotation's value; the error names the annotation.
-pub fn parse_hook_value(value: &str) -> Result<Option<u64>, String> {
-    if value.is_empty() {
-        return Ok(None);
+pub fn parse_hook_value(value: &str) -> Result<HookValue, String> {
+    let chosen = |member| HookValue {
+        removal_chosen: true,
+        member,
+    };
+    match value.strip_prefix("member=") {
+        _ if value == BORN_HOOK_VALUE => Ok(HookValue {
+            removal_chosen: false,
+            member: None,
+        }),
+        Some("none") => Ok(chosen(None)),
+        Some(hex) => u64::from_str_radix(hex, 16)
+            .map(|id| chosen(Some(id)))
+            .map_err(|_| bad_hook_value(value)),
+        None => Err(bad_hook_value(value)),
     }
-    value
-        .strip_prefix("member=")
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .map(Some)
-        .ok_or_else(|| {
-            format!("annotation {PRE_TERMINATE_HOOK_ANNOTATION}: expected \"member=<hex id>\" or empty, got {value:?}")
-        })
+}
+
+fn bad_hook_value(value: &str) -> String {
+    format!(
+        "annotation {PRE_TERMINATE_HOOK_ANNOTATION}: expected empty, \"member=none\" or \"member=<hex id>\", got {value:?}"
+    )
 }
 
 fn wait(reason: WaitReason, message: String) -> Step {
@@ -304,7 +332,7 @@ pub fn next_step(view: &ControlPlaneView, removal: &Removal) -> Step {
                 value: record.clone(),
             };
         }
-        if !target.has_our_hook {
+        if !target.has_our_hook || !target.removal_chosen {
             return Step::AddHook {
                 machine: target.name.clone(),
                 member: planned_member(view, target),
@@ -653,12 +681,13 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
 }
 
 /// The removal in flight, rebuilt from what is observable (after a restart, or
-/// on any reconcile): the remediation recorded on the KCP, else the deleting
+/// on any reconcile): the remediation recorded on the KCP, else a deleting
 /// Machine that still carries our hook (every Machine carries it from its
 /// creation, so this is any deletion, whoever started it: a removal of ours,
 /// a person's `kubectl delete machine`, another controller) or
-/// cluster-api-k3s's (a removal upstream started and did not finish); the
-/// oldest deletion first, one at a time. `None`: nothing in flight.
+/// cluster-api-k3s's (a removal upstream started and did not finish), the
+/// oldest deletion first, one at a time; else a live Machine whose hook says
+/// a removal of ours chose it (not yet deleted). `None`: nothing in flight.
 pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     if let Some(record) = &view.remediation_in_progress {
         return Some(Removal {
@@ -670,8 +699,14 @@ pub fn resume(view: &ControlPlaneView) -> Option<Removal> {
     }
     view.machines
         .iter()
-        .filter(|m| m.is_deleting() && (m.has_our_hook || m.has_upstream_hook))
-        .min_by_key(|m| (m.deleting, m.name.clone()))
+        .filter(|m| {
+            if m.is_deleting() {
+                m.has_our_hook || m.has_upstream_hook
+            } else {
+                m.has_our_hook && m.removal_chosen
+            }
+        })
+        .min_by_key(|m| (m.deleting.is_none(), m.deleting, m.name.clone()))
         .map(|m| Removal {
             machine: m.name.clone(),
             kind: RemovalKind::ScaleDown,
@@ -750,6 +785,7 @@ mod upstream_hook_tests {
         match step {
             Step::AddHook { member, .. } => {
                 m1(view).has_our_hook = true;
+                m1(view).removal_chosen = true;
                 m1(view).hook_member = *member;
             }
             Step::RecordHookMember { member, .. } => m1(view).hook_member = Some(*member),
