@@ -150,7 +150,7 @@ fn with_defaults_substituted_every_object_is_a_valid_kubernetes_object() {
 }
 
 #[test]
-fn the_crds_are_ours_with_both_contract_labels() {
+fn the_crds_are_ours_with_the_v1beta1_contract_label_only() {
     let docs = with_defaults(&Options::default());
     let crds: Vec<&Value> = docs
         .iter()
@@ -163,9 +163,10 @@ fn the_crds_are_ours_with_both_contract_labels() {
         expected["metadata"]["labels"][PROVIDER_LABEL] = PROVIDER_NAME.into();
         assert_eq!(**doc, expected);
         assert_eq!(
-            doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
-            "v1beta2"
+            doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta1"],
+            "v1beta1_v1beta2"
         );
+        assert!(doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"].is_null());
     }
 }
 
