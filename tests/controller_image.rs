@@ -203,7 +203,10 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
     if let Some(reason) = docker_support::skip_reason() {
-        println!("SKIPPED the_image_runs_the_controller_non_root_on_a_read_only_root: {reason}");
+        docker_support::skip(
+            "the_image_runs_the_controller_non_root_on_a_read_only_root",
+            &reason,
+        );
         return;
     }
     // The image this run replaces is removed afterwards, so that reruns do

@@ -13,7 +13,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::{LIMIT, event_count, init_logs, machines, wait_reconciles};
+use e2e_support::{LIMIT, Observer, event_count, init_logs, machines, wait_reconciles};
 use k3s_control_plane::api::names::{CLUSTER_NAME_LABEL, KCP_FINALIZER};
 use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
 use k3s_control_plane::controller::Settings;
@@ -75,15 +75,18 @@ async fn quorum_sample(sandbox: &Sandbox) -> Option<(usize, usize, usize, String
 }
 
 /// Run the simulated infrastructure until `done` holds, checking at every pass
-/// that etcd never loses quorum and at most one Machine is deleting and at
-/// most one provisioning. Returns how many passes were sampled.
+/// that at most one Machine is deleting and at most one provisioning, while
+/// the shared quorum sampler (e2e_support's [`Observer`]) watches etcd
+/// throughout: every sample counts, below quorum fails, a window without a
+/// leader must close within two election timeouts, and no member may be
+/// removed while it leads. Returns how many samples it took.
 async fn drive(
     sandbox: &mut Sandbox,
     what: &str,
     done: impl Fn(&[Machine], (usize, usize)) -> bool,
 ) -> usize {
+    let observer = Observer::start(sandbox, vec![]);
     let deadline = tokio::time::Instant::now() + LIMIT * 3;
-    let mut samples = 0;
     loop {
         reconcile_infrastructure(sandbox, LIMIT).await.unwrap();
         let all = machines(sandbox).await;
@@ -100,34 +103,14 @@ async fn drive(
             provisioning <= 1,
             "{what}: {provisioning} Machines provisioning at once"
         );
-        if let Some((healthy, voters, size, detail)) = quorum_sample(sandbox).await {
-            if healthy < size {
-                // A sample inside a leadership handover sees "no leader" for
-                // up to a heartbeat; quorum lost is a cluster that does not
-                // come back within two election timeouts (k3s: 5 s each).
-                let since = tokio::time::Instant::now();
-                let back = sandbox
-                    .wait_for("quorum back", Duration::from_secs(10), || async {
-                        match quorum_sample(sandbox).await {
-                            Some((h, _, s, _)) if h >= s => Ok(()),
-                            other => Err(format!("{other:?}")),
-                        }
-                    })
-                    .await;
-                assert!(
-                    back.is_ok(),
-                    "{what}: quorum lost: {healthy} of {voters} voters healthy, quorum {size}: {detail}; still after 10 s: {back:?}"
-                );
-                eprintln!(
-                    "{what}: a handover sample ({detail}); quorum back after {:?}",
-                    since.elapsed()
-                );
-                continue;
-            }
-            samples += 1;
-            if done(&all, (healthy, voters)) {
-                return samples;
-            }
+        observer.assert_quorum_so_far(what);
+        if let Some((healthy, voters, _, _)) = quorum_sample(sandbox).await
+            && done(&all, (healthy, voters))
+        {
+            let record = observer.record().await;
+            let summary = record.assert_safe(what);
+            eprintln!("{what}: quorum sampler: {summary}");
+            return summary.samples;
         }
         assert!(
             tokio::time::Instant::now() < deadline,

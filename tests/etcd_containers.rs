@@ -339,7 +339,10 @@ fn node_of(snap: &MembershipSnapshot, id: u64) -> String {
 async fn containerised_etcd_partition_remediation_and_scale_down() {
     k3s_control_plane::install_crypto_provider();
     if let Some(reason) = docker_support::skip_reason() {
-        println!("SKIPPED containerised_etcd_partition_remediation_and_scale_down: {reason}");
+        docker_support::skip(
+            "containerised_etcd_partition_remediation_and_scale_down",
+            &reason,
+        );
         return;
     }
     let t0 = Instant::now();

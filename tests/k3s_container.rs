@@ -7,6 +7,8 @@
 //! no registry on the project's machines): otherwise the test prints why it is
 //! skipped and passes.
 
+mod docker_support;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -54,7 +56,10 @@ async fn real_k3s_embedded_etcd_is_read_and_mapped_to_its_node() {
     let probe = K3s::default();
     let image = format!("{}:{}", probe.name(), probe.tag());
     if let Some(reason) = skip_reason(&image) {
-        println!("SKIPPED real_k3s_embedded_etcd_is_read_and_mapped_to_its_node: {reason}");
+        docker_support::skip(
+            "real_k3s_embedded_etcd_is_read_and_mapped_to_its_node",
+            &reason,
+        );
         return;
     }
     let conf = tempfile::tempdir().unwrap();

@@ -82,9 +82,12 @@ pub const MANAGER: &[Permission] = &[
 
 /// Secrets: a separate ClusterRole so it can be bound per namespace (a
 /// RoleBinding in each watched namespace) where the controller watches one.
-/// Read by name only (never listed or watched: no cache of every Secret in
-/// the management cluster); created when missing; only our own kubeconfig is
-/// ever updated (rotation).
+/// Granted on every Secret where bound: RBAC cannot narrow it (`resourceNames`
+/// takes exact names, the cluster names are unknown at render time, and
+/// `create` cannot be limited by name). The controller reads by name only
+/// (never lists or watches: no cache of every Secret in the management
+/// cluster), creates the cluster Secrets when missing, and updates only its
+/// own kubeconfig (rotation): its behaviour, not a limit of the grant.
 pub const SECRETS: &[Permission] = &[Permission {
     group: "",
     resources: &["secrets"],

@@ -15,8 +15,11 @@
 //! operator's choice, e.g. `HTTPS_PROXY` in its environment, not a Secret
 //! writer's). A refused field counts when present, even when empty or when its
 //! `-data` form is present too. Entries no context selects are ignored: kube
-//! never reads them. The server URL is not restricted (the demo's workload API
-//! servers speak plain HTTP); the credentials sent to it are the Secret's own.
+//! never reads them. The selected cluster's `server` must be `https://`: over
+//! plain HTTP anyone on the path could forge the Node list that maps etcd
+//! members to Machines (and read the Secret's credentials). Only a build with
+//! the `sandbox` feature (tests, benches, the demo, whose in-process API servers
+//! speak HTTP) accepts `http://`; the shipped controller is built without it.
 
 use std::fmt;
 
@@ -43,6 +46,9 @@ pub enum Refused {
     InsecureSkipTlsVerify,
     /// `clusters[].cluster.proxy-url`.
     ProxyUrl,
+    /// `clusters[].cluster.server` with an `http://` URL (outside the
+    /// `sandbox` feature).
+    PlainHttp,
 }
 
 impl fmt::Display for Refused {
@@ -74,6 +80,9 @@ impl fmt::Display for Refused {
             }
             Self::ProxyUrl => {
                 "a proxy is the controller's configuration (HTTPS_PROXY in its environment), not the Secret's"
+            }
+            Self::PlainHttp => {
+                "the workload API server must be reached over https:// (over plain http the Node list that maps etcd members to Machines, and the credentials sent, are open to anyone on the path); plain http is accepted only by builds with the sandbox feature"
             }
         })
     }
@@ -147,7 +156,19 @@ fn select(kubeconfig: &Kubeconfig) -> Result<Selected, Unusable> {
     })
 }
 
-fn check(selected: &Selected) -> Result<(), Refusal> {
+/// Whether this build accepts an `http://` workload API server: only with the
+/// `sandbox` feature (tests, benches, the demo).
+pub const PLAIN_HTTP_ALLOWED: bool = cfg!(feature = "sandbox");
+
+/// Whether `server` is a plain-HTTP URL (the scheme is case-insensitive).
+fn is_plain_http(server: &str) -> bool {
+    server
+        .trim_start()
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+}
+
+fn check(selected: &Selected, plain_http_allowed: bool) -> Result<(), Refusal> {
     let refuse = |field: String, why| Err(Refusal { field, why });
     if let Some(named) = &selected.user
         && let Some(user) = &named.auth_info
@@ -193,6 +214,11 @@ fn check(selected: &Selected) -> Result<(), Refusal> {
             Refused::CertificateAuthorityFile,
         ),
         (cluster.proxy_url.is_some(), "proxy-url", Refused::ProxyUrl),
+        (
+            !plain_http_allowed && cluster.server.as_deref().is_some_and(is_plain_http),
+            "server",
+            Refused::PlainHttp,
+        ),
     ];
     if let Some((_, field, why)) = checks.into_iter().find(|(present, ..)| *present) {
         return refuse(at(field), why);
@@ -204,8 +230,16 @@ fn check(selected: &Selected) -> Result<(), Refusal> {
 /// and return a kubeconfig holding only those entries, so kube cannot read
 /// anything that was not checked.
 pub fn trusted(kubeconfig: &Kubeconfig) -> Result<Kubeconfig, Verdict> {
+    trusted_with(kubeconfig, PLAIN_HTTP_ALLOWED)
+}
+
+/// [`trusted`], with `http://` servers accepted or not whatever the build.
+pub fn trusted_with(
+    kubeconfig: &Kubeconfig,
+    plain_http_allowed: bool,
+) -> Result<Kubeconfig, Verdict> {
     let selected = select(kubeconfig).map_err(Verdict::Unusable)?;
-    check(&selected).map_err(Verdict::Refused)?;
+    check(&selected, plain_http_allowed).map_err(Verdict::Refused)?;
     Ok(Kubeconfig {
         current_context: Some(selected.context.name.clone()),
         contexts: vec![selected.context],

@@ -29,6 +29,30 @@ pub fn docker<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Result<String, String> {
     }
 }
 
+/// Record that `test` is skipped, and why, where CI finds it: the line
+/// `SKIPPED <test>: <reason>` on stderr (shown with `--nocapture`) and
+/// appended to the file `K3SCP_SKIP_LOG` names (default
+/// `target/skipped-tests.txt`), which the captured output of a passing test
+/// cannot hide. `.ci/run` prints that file's lines after `cargo test`.
+pub fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED {test}: {reason}");
+    eprintln!("{line}");
+    let path = std::env::var_os("K3SCP_SKIP_LOG").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt"),
+        PathBuf::from,
+    );
+    // One short append per line: concurrent test processes do not interleave.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+    if let Err(e) = written {
+        eprintln!("could not record the skip in {}: {e}", path.display());
+    }
+}
+
 /// Why containers cannot run here: only when no Docker engine answers.
 pub fn skip_reason() -> Option<String> {
     match docker(&["info", "--format", "{{.ServerVersion}}"]) {

@@ -5,7 +5,6 @@
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k3s_control_plane::api::conditions::{self, V1Beta1Condition};
@@ -18,7 +17,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 /// The deadline of every wait: generous for a loaded 2-core machine; a passing
 /// run takes a fraction of it.
@@ -301,88 +299,6 @@ pub async fn mark_externally_remediated(sandbox: &Sandbox, machine: &str) {
         .unwrap();
 }
 
-/// One observation of the world by the [`Observer`].
-#[derive(Clone, Debug)]
-pub struct Sample {
-    /// Machines with a deletionTimestamp.
-    pub deleting: Vec<String>,
-    /// Tracked member names missing from the membership.
-    pub missing: Vec<String>,
-    pub leader: Option<u64>,
-    /// Healthy voters and voters.
-    pub healthy_voters: (usize, usize),
-    /// A member's probe timed out: on a loaded 2-core machine that is as
-    /// likely the observer starved as the member, so the health counts of
-    /// this sample say nothing either way.
-    pub probe_timed_out: bool,
-}
-
-/// Watches the world concurrently with the controller, as fast as it can,
-/// recording how many Machines are deleting and how many of the tracked
-/// members are gone at each moment.
-pub struct Observer {
-    stop: Arc<AtomicBool>,
-    task: Option<JoinHandle<Vec<Sample>>>,
-}
-
-impl Observer {
-    pub fn start(sandbox: &Sandbox, tracked_members: Vec<String>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let machines = sandbox.machines_api();
-        let admin = sandbox.etcd.connect();
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut samples = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let Ok(list) = machines.list(&ListParams::default()).await else {
-                    continue;
-                };
-                let Ok(snap) = admin.snapshot().await else {
-                    continue;
-                };
-                samples.push(Sample {
-                    deleting: list
-                        .items
-                        .iter()
-                        .filter(|m| m.is_deleting())
-                        .map(|m| m.name_any())
-                        .collect(),
-                    missing: tracked_members
-                        .iter()
-                        .filter(|n| snap.member_by_name(n).is_none())
-                        .cloned()
-                        .collect(),
-                    leader: snap.leader,
-                    healthy_voters: {
-                        let a = snap.assess_cluster();
-                        (a.healthy, a.voters)
-                    },
-                    probe_timed_out: snap.members.iter().any(|m| {
-                        m.probe_error
-                            .as_deref()
-                            .is_some_and(|e| e.contains("timed out"))
-                    }),
-                });
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            samples
-        });
-        Observer {
-            stop,
-            task: Some(task),
-        }
-    }
-
-    pub async fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.take().expect("finished once").await.unwrap()
-    }
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
+mod quorum_watch;
+#[allow(unused_imports)]
+pub use quorum_watch::*;

@@ -289,3 +289,54 @@ async fn an_unselectable_context_is_unusable_not_refused() {
         "{err:?}"
     );
 }
+
+/// A plain-http server is refused outside the sandbox feature, naming the
+/// Secret, the key and `clusters[<name>].cluster.server`; https is always
+/// accepted; the sandbox build (tests, demo) accepts http.
+#[test]
+fn a_plain_http_server_is_refused_outside_the_sandbox_feature() {
+    use super::{PLAIN_HTTP_ALLOWED, Refusal, Verdict, trusted_with};
+    use kube::config::Kubeconfig;
+    let with_server = |server: &str| {
+        let text = kubeconfig("admin@prod", &[], &[]).replace("https://172.18.0.3:6443", server);
+        Kubeconfig::from_yaml(&text).unwrap()
+    };
+    // (server, plain http allowed, refused)
+    let table = [
+        ("http://172.18.0.3:6443", false, true),
+        ("HTTP://172.18.0.3:6443", false, true),
+        ("  http://172.18.0.3:6443", false, true),
+        ("https://172.18.0.3:6443", false, false),
+        ("http://172.18.0.3:6443", true, false),
+        ("https://172.18.0.3:6443", true, false),
+    ];
+    for (server, allowed, refused) in table {
+        match trusted_with(&with_server(server), allowed) {
+            Err(Verdict::Refused(Refusal { field, why })) => {
+                assert!(refused, "{server} (allowed {allowed}) refused: {field}");
+                assert_eq!(
+                    (field.as_str(), why),
+                    ("clusters[prod].cluster.server", Refused::PlainHttp)
+                );
+                let err = Error::KubeconfigRefused {
+                    secret: "team-a/prod-kubeconfig".into(),
+                    key: "value",
+                    field,
+                    why,
+                };
+                let message = err.to_string();
+                for expected in [
+                    "team-a/prod-kubeconfig",
+                    "\"value\"",
+                    "clusters[prod].cluster.server",
+                    "https://",
+                ] {
+                    assert!(message.contains(expected), "{message}");
+                }
+            }
+            Ok(_) => assert!(!refused, "{server} (allowed {allowed}) accepted"),
+            Err(other) => panic!("{server}: {other:?}"),
+        }
+    }
+    assert_eq!(PLAIN_HTTP_ALLOWED, cfg!(feature = "sandbox"));
+}
