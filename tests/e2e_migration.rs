@@ -242,7 +242,9 @@ async fn a_leader_machine_upstream_left_deleting_is_finished_by_our_steps_and_re
         .unwrap();
     let took = started.elapsed();
     wait_reconciles(&sandbox, &ctx, 2).await;
-    let samples = observer.finish().await;
+    let record = observer.record().await;
+    let quorum = record.assert_safe("the upstream leader's deletion");
+    let samples = record.samples;
 
     let after = snapshot(&sandbox, &admin).await;
     assert!(after.member_by_name(&target_member).is_none());
@@ -286,7 +288,8 @@ async fn a_leader_machine_upstream_left_deleting_is_finished_by_our_steps_and_re
         released[0]
     );
 
-    // Never released before the member was gone; quorum never below 2.
+    // Never released before the member was gone; quorum as the shared
+    // sampler judges it (above), its leadership moved before it went.
     let mut gone = false;
     for s in &samples {
         if !s.missing.is_empty() {
@@ -298,12 +301,9 @@ async fn a_leader_machine_upstream_left_deleting_is_finished_by_our_steps_and_re
                 "{target} went before its member: {s:?}"
             );
         }
-        if !s.probe_timed_out {
-            assert!(s.healthy_voters.0 >= 2, "quorum dropped: {s:?}");
-        }
     }
     eprintln!(
-        "upstream deletion finished and replaced in {took:?} ({} samples)",
+        "upstream deletion finished and replaced in {took:?} ({} samples; {quorum})",
         samples.len()
     );
     controller.stop().await;
