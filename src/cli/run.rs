@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::http::Probes;
-use crate::controller::leader::{self, Election, ElectionConfig};
 use crate::controller::metrics::Metrics;
+use crate::controller::replica_election::{self, Election, ElectionConfig};
 use crate::controller::{self, Context, Settings};
 
 #[derive(Debug, clap::Args)]
@@ -280,7 +280,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         match ElectionConfig::new(
             args.leader_election_lease_name.clone(),
             args.leader_election_namespace.clone(),
-            leader::default_identity(),
+            replica_election::default_identity(),
             args.leader_election_lease_duration,
             args.leader_election_renew_deadline,
         ) {
@@ -399,7 +399,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
                 report_probes.set_leadership(state.to_string());
             });
             // The controller's own client writes only while we lead.
-            let fenced = match leader::fenced_client(config, election.guard()) {
+            let fenced = match replica_election::fenced_client(config, election.guard()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("error: management cluster client: {e}");
@@ -408,7 +408,11 @@ pub async fn run(args: RunArgs) -> ExitCode {
             };
             let ctx =
                 Context::new_with_leader(fenced, metrics, etcd_pool, settings, election.guard());
-            until_stopped(leader::run_elected(ctx, shutdown.clone()), &shutdown).await;
+            until_stopped(
+                replica_election::run_elected(ctx, shutdown.clone()),
+                &shutdown,
+            )
+            .await;
             // Only now, with the controller stopped, hand the Lease over.
             election.stop().await;
         }

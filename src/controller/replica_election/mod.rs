@@ -1,5 +1,6 @@
-//! Leader election: among several controller replicas (a rolling update of the
-//! Deployment, `clusterctl move`) exactly one acts.
+//! Leader election among the controller's replicas: of several (a rolling
+//! update of the Deployment, `clusterctl move`) exactly one acts. (Not etcd's
+//! leader: moving that one is [`super::etcd_leader_move`].)
 //!
 //! The Lease (`coordination.k8s.io/v1`) is acquired and renewed by
 //! [kube-lease-manager](https://docs.rs/kube-lease-manager). On top of it, this
@@ -35,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::context::Context;
-pub use super::leader_guard::LeaderGuard;
+
+pub mod guard;
+pub use guard::LeaderGuard;
 
 /// How the replicas elect their leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
