@@ -223,7 +223,7 @@ impl Election {
 
     /// Stops acting at once and releases the Lease so another replica can take
     /// it without waiting for it to expire. Call after the controller stopped.
-    /// Returns within [`RELEASE_TIMEOUT`] and a little, whatever the election
+    /// Returns within `RELEASE_TIMEOUT` (500 ms) and a little, whatever the election
     /// was doing (building its manager, reading the Lease, acquiring it).
     pub async fn stop(self) {
         self.stop.cancel();
