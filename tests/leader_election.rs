@@ -2,7 +2,9 @@
 //! management API (the in-process test API server): exactly one replica holds
 //! the Lease and reconciles; a killed leader is replaced within the lease
 //! duration; a paused leader that comes back after losing its Lease writes
-//! nothing; `--leader-elect=false` reconciles without a Lease.
+//! nothing; `--leader-elect=false` reconciles without a Lease; SIGTERM or
+//! SIGINT at any moment of start-up or leadership ends the process within
+//! 1 s, the Lease released.
 //!
 //! Short timings: lease duration 3 s, renew deadline 2 s (renewal every 1 s).
 
@@ -68,7 +70,7 @@ impl Replica {
             .env_remove("POD_NAMESPACE")
             .env(
                 "RUST_LOG",
-                "warn,k3s_control_plane::controller::leader=info,k3s_control_plane::controller=info",
+                "warn,k3s_control_plane::controller=info,k3s_control_plane::cli::run=info",
             )
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(Stdio::null())
@@ -497,4 +499,213 @@ async fn without_leader_election_it_reconciles_without_a_lease() {
             .is_empty(),
         "no Lease without election"
     );
+}
+
+/// When a replica is told to stop, relative to its start.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// Right after the process is spawned (before its runtime may even run).
+    Spawned,
+    /// When it logs "leader election": the election is about to start.
+    ElectionStarts,
+    /// While it waits as a standby for a Lease another holder keeps.
+    Standby,
+    /// This long after it logs "leading: starting the controller" (the
+    /// controller's caches sync, its first reconciles run, then steady state).
+    Leading(Duration),
+}
+
+/// What one stop looked like.
+struct Stop {
+    moment: Moment,
+    signal: Signal,
+    /// From the signal to the process's end, if it ended within the budget.
+    exited_after: Option<Duration>,
+    status: Option<std::process::ExitStatus>,
+    holder: Option<String>,
+    log: String,
+}
+
+/// How long a replica may take to end once told to (issue 30).
+const STOP_BUDGET: Duration = Duration::from_secs(1);
+
+/// Polls `replica`'s log until a line contains `text`; the instant it was seen.
+async fn log_line(replica: &Replica, text: &str) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if std::fs::read_to_string(&replica.log).is_ok_and(|l| l.contains(text)) {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{text:?} logged within 20 s\n{}",
+            replica.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Starts a replica on its own Lease, sends `signal` at `moment` and waits at
+/// most [`STOP_BUDGET`] for it to end.
+async fn stop_at(
+    server: &TestApiServer,
+    dir: &tempfile::TempDir,
+    n: usize,
+    moment: Moment,
+    signal: Signal,
+) -> Stop {
+    let leases: Api<Lease> = Api::namespaced(server.client(), "default");
+    let lease = format!("stop-{n}");
+    if let Moment::Standby = moment {
+        // Another holder keeps the Lease for an hour: the replica can only wait.
+        let held: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": lease, "namespace": "default"},
+            "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+                     "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                         k8s_openapi::jiff::Timestamp::now()),
+                     "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                         k8s_openapi::jiff::Timestamp::now())}
+        }))
+        .unwrap();
+        leases.create(&Default::default(), &held).await.unwrap();
+    }
+    let name = format!("stopped-{n}");
+    let mut replica = Replica::start(
+        server,
+        dir,
+        &name,
+        &[&format!("--leader-election-lease-name={lease}")],
+    );
+    match moment {
+        Moment::Spawned => {}
+        Moment::ElectionStarts => {
+            log_line(&replica, "leader election").await;
+        }
+        Moment::Standby => {
+            log_line(&replica, "\"someone-else\"").await;
+        }
+        Moment::Leading(after) => {
+            let seen = log_line(&replica, "leading: starting the controller").await;
+            tokio::time::sleep_until((seen + after).into()).await;
+        }
+    }
+    kill(replica.pid(), signal).unwrap();
+    let sent = Instant::now();
+    let mut exited_after = None;
+    let mut status = None;
+    while sent.elapsed() < STOP_BUDGET {
+        if let Some(s) = replica.child.try_wait().unwrap() {
+            exited_after = Some(sent.elapsed());
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let log = replica.logs();
+    // Still running: killed here, so the Lease read below is what it left.
+    drop(replica);
+    let holder = leases
+        .get_opt(&lease)
+        .await
+        .unwrap()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity);
+    Stop {
+        moment,
+        signal,
+        exited_after,
+        status,
+        holder,
+        log,
+    }
+}
+
+/// SIGTERM or SIGINT, at every moment of a replica's start-up and leadership:
+/// it exits within [`STOP_BUDGET`], with success, and leaves the Lease
+/// released (another holder's Lease untouched). Run against two management
+/// APIs: one serving our CRDs (the controller's caches sync in a few
+/// milliseconds, its first reconciles run) and one without them (its caches
+/// never sync, as while the CRDs are not installed yet or not readable).
+#[tokio::test]
+async fn a_replica_told_to_stop_at_any_moment_exits_within_a_second_and_releases_the_lease() {
+    let server = management_server().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Work for the controller's first moments: caches to fill, reconciles to run.
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(server.client(), "default");
+    for i in 0..20 {
+        let kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "metadata": {"name": format!("cp-{i}"), "namespace": "default"},
+            "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
+                     "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+        }))
+        .unwrap();
+        kcps.create(&Default::default(), &kcp).await.unwrap();
+    }
+    let without_crds = TestApiServer::builder()
+        .with_core_resources()
+        .start()
+        .await
+        .unwrap();
+    let without_crds_dir = tempfile::tempdir().unwrap();
+
+    let ms = Duration::from_millis;
+    let (term, int) = (Signal::SIGTERM, Signal::SIGINT);
+    let with_crds = [
+        (Moment::Spawned, term),
+        (Moment::ElectionStarts, term),
+        (Moment::Standby, term),
+        (Moment::Leading(ms(0)), term),
+        (Moment::Leading(ms(10)), term),
+        (Moment::Leading(ms(50)), term),
+        (Moment::Leading(ms(150)), term),
+        (Moment::Leading(ms(300)), term),
+        (Moment::Leading(ms(1000)), term),
+        (Moment::Leading(ms(3000)), term),
+        (Moment::ElectionStarts, int),
+        (Moment::Leading(ms(50)), int),
+        (Moment::Leading(ms(1000)), int),
+    ];
+    let caches_never_sync = [
+        (Moment::Leading(ms(0)), term),
+        (Moment::Leading(ms(300)), term),
+        (Moment::Leading(ms(1000)), term),
+        (Moment::Leading(ms(3000)), term),
+        (Moment::Leading(ms(300)), int),
+    ];
+    let mut stops = Vec::new();
+    for (n, (moment, signal)) in with_crds.into_iter().enumerate() {
+        let stop = stop_at(&server, &dir, n, moment, signal).await;
+        stops.push(("CRDs served", stop));
+    }
+    for (n, (moment, signal)) in caches_never_sync.into_iter().enumerate() {
+        let stop = stop_at(&without_crds, &without_crds_dir, n, moment, signal).await;
+        stops.push(("no CRDs", stop));
+    }
+    let mut failures = Vec::new();
+    for (api, stop) in &stops {
+        let exited = match stop.exited_after {
+            Some(d) => format!("exited after {d:?} ({:?})", stop.status.unwrap()),
+            None => format!("still running after {STOP_BUDGET:?}"),
+        };
+        let line = format!(
+            "{api}: {:?} at {:?}: {exited}; Lease holder {:?}",
+            stop.signal, stop.moment, stop.holder
+        );
+        eprintln!("{line}");
+        let status_ok = stop.status.is_some_and(|s| {
+            use std::os::unix::process::ExitStatusExt;
+            // Before its handlers are installed the signal's default action
+            // ends the process; after, it ends by itself, with success.
+            s.success() || (matches!(stop.moment, Moment::Spawned) && s.signal().is_some())
+        });
+        let holder_ok = match stop.moment {
+            Moment::Standby => stop.holder.as_deref() == Some("someone-else"),
+            _ => stop.holder.is_none(),
+        };
+        if !(status_ok && holder_ok) {
+            failures.push(format!("{line}\n{}", stop.log));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::http::Probes;
-use crate::controller::leader::{self, Election, ElectionConfig};
 use crate::controller::metrics::Metrics;
+use crate::controller::replica_election::{self, Election, ElectionConfig};
 use crate::controller::{self, Context, Settings};
 
 #[derive(Debug, clap::Args)]
@@ -222,29 +222,65 @@ pub fn log_filter(level: &str) -> String {
     format!("{level},kube=warn,tower=warn,hyper=warn,h2=warn,rustls=warn")
 }
 
-/// Resolves on SIGINT or SIGTERM (what Kubernetes sends a Pod it stops).
-async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// Cancels `shutdown` on the first SIGINT or SIGTERM (what Kubernetes sends a
+/// Pod it stops). The handlers are installed before this returns, so a signal
+/// that comes at any later moment is seen (a handler installed only once a
+/// task first runs leaves a window in which the signal's default action kills
+/// the process).
+fn cancel_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::warn!(%err, "cannot handle SIGTERM and SIGINT: a signal ends the process without releasing the leader lease");
+            return;
         }
     };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("terminating: stopping the controller");
+        shutdown.cancel();
+    });
+}
+
+/// How long in-flight reconciles may go on once the process is told to stop.
+/// Then they are dropped, cancelled at their next await point as when the
+/// Lease runs out (every step is idempotent and resumed from what the next
+/// leader observes). With the release of the Lease, a stop takes under a
+/// second.
+const RECONCILE_GRACE: Duration = Duration::from_millis(400);
+
+/// Runs `controller` until it ends, or until [`RECONCILE_GRACE`] after
+/// `shutdown`.
+async fn until_stopped(controller: impl Future<Output = ()>, shutdown: &CancellationToken) {
+    tokio::pin!(controller);
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+        () = &mut controller => return,
+        () = shutdown.cancelled() => {}
+    }
+    if tokio::time::timeout(RECONCILE_GRACE, controller)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?RECONCILE_GRACE, "reconciles still running after the grace period: cancelled");
     }
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
     init_logging_at(args.log_json, &args.log_level);
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
     let election = if args.leader_elect {
         match ElectionConfig::new(
             args.leader_election_lease_name.clone(),
             args.leader_election_namespace.clone(),
-            leader::default_identity(),
+            replica_election::default_identity(),
             args.leader_election_lease_duration,
             args.leader_election_renew_deadline,
         ) {
@@ -303,7 +339,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
             }
         }
     });
-    let shutdown = CancellationToken::new();
     if args.webhook_port != 0 {
         let addr = SocketAddr::from(([0, 0, 0, 0], args.webhook_port));
         if !args.webhook_cert_dir.join("tls.crt").exists() {
@@ -324,12 +359,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
             }
         }
     }
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        terminated().await;
-        tracing::info!("terminating: stopping the controller");
-        on_signal.cancel();
-    });
     let settings = Settings {
         etcd_transport: args.etcd_transport,
         watch_filter: args.watch_filter.clone().filter(|v| !v.is_empty()),
@@ -349,7 +378,11 @@ pub async fn run(args: RunArgs) -> ExitCode {
             probes.set_leadership("leader election disabled: this process acts");
             metrics.leader.set(1);
             let ctx = Context::new(client, metrics, etcd_pool, settings);
-            controller::run(ctx, shutdown.cancelled_owned()).await;
+            until_stopped(
+                controller::run(ctx, shutdown.clone().cancelled_owned()),
+                &shutdown,
+            )
+            .await;
         }
         Some(election) => {
             tracing::info!(
@@ -366,7 +399,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
                 report_probes.set_leadership(state.to_string());
             });
             // The controller's own client writes only while we lead.
-            let fenced = match leader::fenced_client(config, election.guard()) {
+            let fenced = match replica_election::fenced_client(config, election.guard()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("error: management cluster client: {e}");
@@ -375,7 +408,11 @@ pub async fn run(args: RunArgs) -> ExitCode {
             };
             let ctx =
                 Context::new_with_leader(fenced, metrics, etcd_pool, settings, election.guard());
-            leader::run_elected(ctx, shutdown).await;
+            until_stopped(
+                replica_election::run_elected(ctx, shutdown.clone()),
+                &shutdown,
+            )
+            .await;
             // Only now, with the controller stopped, hand the Lease over.
             election.stop().await;
         }
@@ -470,6 +507,30 @@ mod tests {
         assert!(parse(&["--log-level=loud"]).is_err());
         assert_eq!(parse(&[]).unwrap().concurrency, 10);
         assert!(log_filter("debug").starts_with("debug,kube=warn"));
+    }
+
+    #[tokio::test]
+    async fn a_stop_waits_for_reconciles_only_the_grace_period() {
+        let shutdown = CancellationToken::new();
+        // A controller that ends by itself: nothing to wait for.
+        until_stopped(async {}, &shutdown).await;
+        shutdown.cancel();
+        // One that ends within the grace is waited for...
+        let start = std::time::Instant::now();
+        until_stopped(tokio::time::sleep(Duration::from_millis(50)), &shutdown).await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(50) && took < RECONCILE_GRACE,
+            "{took:?}"
+        );
+        // ...one that does not is dropped once it is over.
+        let start = std::time::Instant::now();
+        until_stopped(std::future::pending(), &shutdown).await;
+        let took = start.elapsed();
+        assert!(
+            took >= RECONCILE_GRACE && took < RECONCILE_GRACE + Duration::from_millis(300),
+            "{took:?}"
+        );
     }
 
     #[test]

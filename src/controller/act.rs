@@ -175,9 +175,9 @@ pub async fn act(
                 .map_err(act_err)?;
         }
         Step::MoveLeadership { from, to } => {
-            // Beside the reconcile: a later pass confirms it (leadership.rs).
+            // Beside the reconcile: a later pass confirms it (etcd_leader_move).
             let etcd = require_etcd(&etcd, world, &step_name)?;
-            super::leadership::start(ctx, world, etcd, &removal.machine, *from, *to);
+            super::etcd_leader_move::start(ctx, world, etcd, &removal.machine, *from, *to);
         }
         Step::DeleteMachine { machine } => {
             let uid = world.machine(machine).and_then(|m| m.uid());

@@ -11,8 +11,8 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use super::caches::{SecretCache, WatchCaches};
 use super::etcd_pool::EtcdPool;
-use super::leader_guard::LeaderGuard;
 use super::metrics::Metrics;
+use super::replica_election::guard::LeaderGuard;
 use crate::pki::KubeconfigPolicy;
 use crate::workload::WorkloadCache;
 
@@ -111,7 +111,7 @@ pub struct Context {
     /// that one is written once while CAPI has not copied it yet.
     pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
     /// Leadership moves started and not yet confirmed, by cluster.
-    pub leadership_moves: super::leadership_moves::LeadershipMoves,
+    pub leadership_moves: super::etcd_leader_move::in_flight::LeadershipMoves,
     /// The k3s serving certificate probes, by Machine.
     pub k3s_serving: super::k3s_serving::K3sServingProbes,
 }

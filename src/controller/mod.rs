@@ -10,23 +10,21 @@ pub mod cluster_secrets;
 pub mod context;
 pub mod create;
 pub mod error;
+pub mod etcd_leader_move;
 pub mod etcd_pool;
 pub mod http;
 pub mod k3s_serving;
-pub mod leader;
-pub mod leader_guard;
-pub mod leadership;
-pub mod leadership_moves;
 pub mod metrics;
 pub mod observe;
 pub mod publish;
 pub mod reconcile;
+pub mod replica_election;
 pub mod status;
 pub mod sync_machines;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -38,6 +36,12 @@ pub use error::Error;
 
 /// Run the controller until `shutdown` resolves (in-flight reconciles finish
 /// first). Each reconcile consults `ctx.leader` (see [`guarded_reconcile`]).
+///
+/// A `shutdown` that comes before the control planes' cache has synced ends
+/// the controller at once: no reconcile can have started yet. (kube-runtime's
+/// graceful shutdown alone would wait forever there: it stops polling the
+/// watch streams, which are also what fills the cache, while its runner waits
+/// for that cache to be ready before it can end.)
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -88,7 +92,9 @@ pub async fn run(
     // Stopped or dropped: nothing feeds the stores any more, so later reads
     // (a reconcile called directly, the next run) go to the API.
     let _uninstall = CachesInstalled(ctx.clone());
-    Controller::for_stream(kcp_stream, kcp_store)
+    let synced = kcp_store.clone();
+    let graceful = tokio_util::sync::CancellationToken::new();
+    let controller = Controller::for_stream(kcp_stream, kcp_store)
         .with_config(
             kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency),
         )
@@ -103,14 +109,27 @@ pub async fn run(
                 .filter(|r| r.kind == "KThreesControlPlane")
                 .map(|r| ObjectRef::new(&r.name).within(&cluster.namespace().unwrap_or_default()))
         })
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(graceful.clone().cancelled_owned())
         .run(guarded_reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(%err, "controller event");
             }
-        })
-        .await;
+        });
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => return,
+        () = shutdown => {}
+    }
+    // kube-runtime starts reconciles only once the store is ready, and a store
+    // that is not ready now never will be: the graceful shutdown below ends
+    // the streams that would fill it.
+    if synced.wait_until_ready().now_or_never().is_none() {
+        tracing::debug!("stopped before the caches synced: no reconcile had started");
+        return;
+    }
+    graceful.cancel();
+    controller.await;
 }
 
 /// Removes the watch caches from the context when the loop that feeds them ends.

@@ -253,7 +253,7 @@ async fn decide_and_act(
         },
     };
     record_etcd_quorum(ctx, &world);
-    world.leadership_move = super::leadership::observe(ctx, &world).await;
+    world.leadership_move = super::etcd_leader_move::observe(ctx, &world).await;
     let decision = decide(&world, lifecycle);
     record_etcd_space(ctx, &world, decision.etcd_space.as_ref());
     if let (Some(machine), Some(plan)) = (continuing, decision.planned())

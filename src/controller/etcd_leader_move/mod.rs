@@ -1,3 +1,6 @@
+//! Moving etcd's leadership off a member about to be removed (not the
+//! controller replicas' election: that is [`super::replica_election`]).
+//!
 //! A leadership move that does not hold a reconcile worker: the MoveLeader
 //! call runs beside the reconcile, which records the move and requeues; a
 //! later pass sees the new leader in its own snapshot, says so, and the
@@ -15,6 +18,8 @@ use crate::etcd::EtcdCluster;
 
 use super::context::Context;
 use super::publish::{machine_ref, publish_about};
+
+pub mod in_flight;
 
 fn cluster_key(world: &World) -> String {
     format!(

@@ -1,5 +1,5 @@
-//! Whether this replica may act now: the guard leader election moves
-//! ([`super::leader`] holds the Lease; everything that writes asks the guard).
+//! Whether this replica may act now: the guard the replicas' election moves
+//! ([`super`] holds the Lease; everything that writes asks the guard).
 
 use std::time::Instant;
 

@@ -1,6 +1,6 @@
-//! The leadership moves this process started and has not yet seen finish,
-//! by cluster (held in the [`super::context::Context`], read by
-//! [`super::leadership`]).
+//! The etcd leadership moves this process started and has not yet seen
+//! finish, by cluster (held in the [`super::super::context::Context`], read
+//! by [`super`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

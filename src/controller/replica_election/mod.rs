@@ -1,5 +1,6 @@
-//! Leader election: among several controller replicas (a rolling update of the
-//! Deployment, `clusterctl move`) exactly one acts.
+//! Leader election among the controller's replicas: of several (a rolling
+//! update of the Deployment, `clusterctl move`) exactly one acts. (Not etcd's
+//! leader: moving that one is [`super::etcd_leader_move`].)
 //!
 //! The Lease (`coordination.k8s.io/v1`) is acquired and renewed by
 //! [kube-lease-manager](https://docs.rs/kube-lease-manager). On top of it, this
@@ -35,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::context::Context;
-pub use super::leader_guard::LeaderGuard;
+
+pub mod guard;
+pub use guard::LeaderGuard;
 
 /// How the replicas elect their leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,6 +223,8 @@ impl Election {
 
     /// Stops acting at once and releases the Lease so another replica can take
     /// it without waiting for it to expire. Call after the controller stopped.
+    /// Returns within `RELEASE_TIMEOUT` (500 ms) and a little, whatever the election
+    /// was doing (building its manager, reading the Lease, acquiring it).
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
@@ -227,6 +232,11 @@ impl Election {
 }
 
 type Report = Arc<dyn Fn(&Leadership) + Send + Sync>;
+
+/// How long a stopping replica waits for its Lease to be released (a patch
+/// and a read); past it the process goes on stopping and the Lease expires by
+/// itself, `lease_duration` after its last renewal.
+const RELEASE_TIMEOUT: Duration = Duration::from_millis(500);
 
 async fn build_manager(client: Client, config: &ElectionConfig) -> Result<LeaseManager, String> {
     let params = LeaseParams::new(
@@ -302,7 +312,13 @@ async fn elect(
     say(&state);
     let retry = Duration::from_secs(2);
     loop {
-        let manager = match build_manager(client.clone(), &config).await {
+        // Building reads (or creates) the Lease: a stop does not wait for it.
+        let built = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            built = build_manager(client.clone(), &config) => built,
+        };
+        let manager = match built {
             Ok(manager) => manager,
             Err(error) => {
                 deadline.send_replace(None);
@@ -331,7 +347,7 @@ async fn elect(
                     // makes the manager release the Lease and end.
                     deadline.send_replace(None);
                     drop(channel);
-                    match tokio::time::timeout(config.renew_deadline, task).await {
+                    match tokio::time::timeout(RELEASE_TIMEOUT, task).await {
                         Ok(Ok(Ok(_))) => info!(lease = %config.lease(), "released the leader lease"),
                         Ok(Ok(Err(err))) => warn!(lease = %config.lease(), %err, "could not release the leader lease; it expires by itself"),
                         _ => warn!(lease = %config.lease(), "releasing the leader lease did not finish; it expires by itself"),
@@ -372,11 +388,15 @@ async fn elect(
                     } else {
                         config.renew_interval()
                     };
-                let read = tokio::time::timeout(
-                    config.poll_interval().max(Duration::from_secs(1)),
-                    leases.get_opt(&config.lease_name),
-                )
-                .await;
+                let read = tokio::select! {
+                    biased;
+                    // Back to the top of the loop, which stops.
+                    _ = stop.cancelled() => continue,
+                    read = tokio::time::timeout(
+                        config.poll_interval().max(Duration::from_secs(1)),
+                        leases.get_opt(&config.lease_name),
+                    ) => read,
+                };
                 match read {
                     Ok(Ok(lease)) => {
                         let spec = lease.and_then(|l| l.spec).unwrap_or_default();
@@ -392,8 +412,11 @@ async fn elect(
                         {
                             info!(lease = %config.lease(), "the leader released the lease: trying to take it now");
                             drop(channel);
-                            let _ = tokio::time::timeout(config.renew_deadline, task).await;
-                            break;
+                            tokio::select! {
+                                biased;
+                                _ = stop.cancelled() => return,
+                                _ = tokio::time::timeout(config.renew_deadline, task) => break,
+                            }
                         }
                         let ours = state.holder.as_deref() == Some(config.identity.as_str());
                         match (manager_leads && ours, spec.renew_time) {
@@ -592,6 +615,35 @@ mod tests {
             .await
             .unwrap_err();
         assert!(!write.to_string().contains("not the leader"), "{write}");
+    }
+
+    #[tokio::test]
+    async fn stop_returns_at_once_while_the_api_does_not_answer() {
+        // An API server that accepts connections and never answers: the
+        // election hangs in its first request (building the lease manager).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted, mut first) = tokio::sync::mpsc::channel(1);
+        let _silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+                let _ = accepted.try_send(());
+            }
+        });
+        let client =
+            Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+        let election = Election::start(client, config(15, 10).unwrap(), |_| {});
+        first.recv().await.unwrap();
+        let stopping = Instant::now();
+        tokio::time::timeout(Duration::from_secs(1), election.stop())
+            .await
+            .expect("the election stops while its request is unanswered");
+        assert!(
+            stopping.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            stopping.elapsed()
+        );
     }
 
     #[test]
