@@ -33,6 +33,18 @@ pub struct MemberView {
     pub alarms: Vec<String>,
 }
 
+/// Whether a member's reason for not counting as healthy is etcd settling
+/// after a change of leader or of voters, which passes by itself within a few
+/// heartbeats: a linearizable read that straddled a leadership change
+/// ("etcdserver: leader changed"), or a member promoted from learner a moment
+/// ago that has not applied its promotion yet ("etcdserver: rpc not
+/// supported for learner"). A lost quorum shows as "no leader" or timeouts,
+/// which are never taken for settling.
+pub fn is_settling_reason(reason: &str) -> bool {
+    reason.contains("etcdserver: leader changed")
+        || reason.contains("etcdserver: rpc not supported for learner")
+}
+
 /// A member as named in explanations: its name, or its id while unnamed
 /// (a member that has not started yet has no name).
 pub fn member_label(id: u64, name: &str) -> String {
@@ -144,6 +156,20 @@ pub struct Assessment {
 impl Assessment {
     pub fn is_safe(&self) -> bool {
         self.blockers.is_empty()
+    }
+
+    /// Unsafe only because voters are settling after a change of leader or
+    /// of voters ([`is_settling_reason`]): no learner, no starting member, no
+    /// unmapped target, and every unhealthy voter settling. Such a wait ends
+    /// by itself within a few heartbeats: it is progress, not a problem.
+    pub fn only_settling(&self) -> bool {
+        !self.is_safe()
+            && !self.unhealthy.is_empty()
+            && self.unhealthy.iter().all(|u| is_settling_reason(&u.reason))
+            && self
+                .blockers
+                .iter()
+                .all(|b| matches!(b, Blocker::QuorumLost { .. }))
     }
 
     /// Whether enough voters are healthy for quorum: for the cluster as it
@@ -337,6 +363,60 @@ mod tests {
 
     /// Upstream KCP's TestCanSafelyRemoveEtcdMember, on real membership: the
     /// target is always m1; "missing" drops m1's member.
+    /// Settling after a leadership handover or a promotion passes by itself;
+    /// a lost quorum, a member down or a learner joining does not.
+    #[test]
+    fn only_settling_is_told_apart_from_a_real_risk() {
+        let with = |errors: &[(u64, &str)]| {
+            let mut members = cluster(3, &[]);
+            for (id, err) in errors {
+                members[*id as usize - 1].probe_error = Some(err.to_string());
+            }
+            members
+        };
+        let changed = "linearizable read on https://10.0.0.2:2379 failed: gRPC Unavailable: etcdserver: leader changed";
+        let promoted =
+            "linearizable read failed: gRPC Unavailable: etcdserver: rpc not supported for learner";
+        let cases: [(&str, Vec<MemberView>, bool); 6] = [
+            ("a read straddled the handover", with(&[(2, changed)]), true),
+            (
+                "every member mid-handover",
+                with(&[(1, changed), (2, changed), (3, changed)]),
+                true,
+            ),
+            (
+                "a member promoted a moment ago",
+                with(&[(2, promoted)]),
+                true,
+            ),
+            ("a member down", with(&[(2, "connection refused")]), false),
+            (
+                "one settling, one down",
+                with(&[(2, changed), (3, "deadline exceeded")]),
+                false,
+            ),
+            (
+                "no leader is no settling",
+                with(&[(2, "etcdserver: no leader")]),
+                false,
+            ),
+        ];
+        for (name, members, settling) in cases {
+            let a = assess_removal(&members, 1);
+            assert!(!a.is_safe(), "{name}: {a}");
+            assert_eq!(a.only_settling(), settling, "{name}: {a}");
+        }
+        // A learner joining is never settling, whatever the probes say.
+        let mut members = with(&[(2, changed)]);
+        members.push(MemberView {
+            learner: true,
+            ..member(4)
+        });
+        assert!(!assess_removal(&members, 1).only_settling());
+        // Safe is not settling.
+        assert!(!assess_removal(&cluster(3, &[]), 1).only_settling());
+    }
+
     #[test]
     fn can_safely_remove_etcd_member_table() {
         struct Case {

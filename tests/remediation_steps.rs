@@ -411,6 +411,30 @@ fn leadership_back_without_transferee_waits() {
     );
 }
 
+/// Right after a leadership handover every member may fail a linearizable
+/// read for a moment ("leader changed"): that is etcd settling, a Normal wait
+/// looked at again shortly, not a Warning that quorum is at risk.
+#[test]
+fn a_member_settling_after_a_handover_is_a_short_wait_not_quorum_at_risk() {
+    let (mut view, removal) = drained();
+    membership(&mut view).members[1].probe_error =
+        Some("linearizable read failed: gRPC Unavailable: etcdserver: leader changed".into());
+    let step = next_step(&view, &removal);
+    assert_wait(
+        step,
+        WaitReason::EtcdSettling,
+        "would leave 1 of 2 voters healthy, quorum needs 2",
+    );
+    assert!(WaitReason::EtcdSettling.is_progress());
+    // The same numbers with the member down: quorum at risk.
+    membership(&mut view).members[1].probe_error = Some("connection refused".into());
+    assert_wait(
+        next_step(&view, &removal),
+        WaitReason::QuorumAtRisk,
+        "would leave 1 of 2 voters healthy, quorum needs 2",
+    );
+}
+
 #[test]
 fn quorum_is_checked_again_before_member_removal() {
     let (mut view, removal) = drained();

@@ -415,8 +415,10 @@ fn wait_requeue(ctx: &Context, rule: &str) -> Duration {
 /// [`wait_requeue`] with the configured pace given. Pure.
 fn requeue_for_wait(configured: Duration, rule: &str) -> Duration {
     let moving = crate::remediation::steps::WaitReason::LeadershipMoving.as_str();
+    let settling = crate::remediation::steps::WaitReason::EtcdSettling.as_str();
     let learner = crate::rollout::preflight::Check::EtcdLearner.as_str();
-    if rule.ends_with(&format!(".wait.{moving}")) {
+    // Settling passes within a few heartbeats (500 ms on k3s).
+    if rule.ends_with(&format!(".wait.{moving}")) || rule.ends_with(&format!(".{settling}")) {
         configured.min(Duration::from_millis(250))
     } else if rule.ends_with(&format!(".{learner}")) {
         configured.min(Duration::from_secs(1))

@@ -55,7 +55,7 @@ pub fn wait_event(rule: &str) -> WaitEvent {
     }
     if let Some(why) = rule.strip_prefix("scale-down.") {
         return match why {
-            "machine-deleting" => normal("ScalingDownWaiting"),
+            "machine-deleting" | "etcd.etcd-settling" => normal("ScalingDownWaiting"),
             _ => warning("ScalingDownBlocked"),
         };
     }
@@ -76,6 +76,7 @@ fn removal_wait(wait: &str) -> WaitEvent {
         Some(WaitReason::MachineGoing) => normal("WaitingForMachineDeletion"),
         Some(WaitReason::AnotherRemediation) => normal("WaitingForAnotherRemediation"),
         Some(WaitReason::LeadershipMoving) => normal("WaitingForLeadershipMove"),
+        Some(WaitReason::EtcdSettling) => normal("WaitingForEtcdToSettle"),
         Some(_) | None => warning("RemovalBlocked"),
     }
 }
@@ -154,6 +155,58 @@ mod tests {
                 "removal.wait.other-hooks",
                 EventType::Normal,
                 "WaitingForOtherHooks",
+                None,
+            ),
+            // etcd settling after a leadership handover or a promotion: it
+            // passes by itself, not a problem.
+            (
+                "removal.wait.etcd-settling",
+                EventType::Normal,
+                "WaitingForEtcdToSettle",
+                None,
+            ),
+            (
+                "scale-up.etcd-settling",
+                EventType::Normal,
+                "ScalingUpWaiting",
+                None,
+            ),
+            (
+                "rollout.etcd-settling",
+                EventType::Normal,
+                "RollingOutWaiting",
+                None,
+            ),
+            (
+                "scale-down.etcd.etcd-settling",
+                EventType::Normal,
+                "ScalingDownWaiting",
+                None,
+            ),
+            (
+                "remediation.etcd.etcd-settling",
+                EventType::Normal,
+                "RemediationDeferred",
+                Some("deferred"),
+            ),
+            // A deletion held because removing the member would lose quorum,
+            // or because its member cannot be told apart: a person may act.
+            (
+                "removal.wait.quorum-at-risk",
+                EventType::Warning,
+                "RemovalBlocked",
+                None,
+            ),
+            (
+                "removal.wait.target-member-unknown",
+                EventType::Warning,
+                "RemovalBlocked",
+                None,
+            ),
+            (
+                "scale-up.etcd-member-unhealthy",
+                EventType::Warning,
+                "ScalingUpBlocked",
                 None,
             ),
             (

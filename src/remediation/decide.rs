@@ -45,6 +45,9 @@ pub enum Rule {
     NoHealthyControlPlaneLeft,
     EtcdMembershipUnknown,
     EtcdQuorumAtRisk,
+    /// Quorum looks at risk only because etcd is settling after a change of
+    /// leader or voters: deferred, looked at again shortly.
+    EtcdSettling,
     /// The target maps to no member while some member is claimed by no
     /// Machine: it may be the target's.
     EtcdTargetUnmapped,
@@ -53,7 +56,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 15] = [
+    pub const ALL: [Rule; 16] = [
         Rule::NoMachineToRemediate,
         Rule::TargetAlreadyDeleting,
         Rule::AnotherRemediationInProgress,
@@ -66,6 +69,7 @@ impl Rule {
         Rule::NoHealthyControlPlaneLeft,
         Rule::EtcdMembershipUnknown,
         Rule::EtcdQuorumAtRisk,
+        Rule::EtcdSettling,
         Rule::EtcdTargetUnmapped,
         Rule::NoLeadershipTransferee,
         Rule::Remediate,
@@ -85,6 +89,7 @@ impl Rule {
             Rule::NoHealthyControlPlaneLeft => "initialized.no-healthy-control-plane-left",
             Rule::EtcdMembershipUnknown => "etcd.membership-unknown",
             Rule::EtcdQuorumAtRisk => "etcd.quorum-at-risk",
+            Rule::EtcdSettling => "etcd.etcd-settling",
             Rule::EtcdTargetUnmapped => "etcd.target-member-unknown",
             Rule::NoLeadershipTransferee => "etcd.no-leadership-transferee",
             Rule::Remediate => "remediate",
@@ -101,7 +106,8 @@ impl Rule {
             Rule::TopologyUpgradePending
             | Rule::RetryPeriodNotExpired
             | Rule::MachineProvisioning
-            | Rule::MachineDeleting => Some(REASON_REMEDIATION_DEFERRED),
+            | Rule::MachineDeleting
+            | Rule::EtcdSettling => Some(REASON_REMEDIATION_DEFERRED),
             Rule::MaxRetryReached
             | Rule::TooFewMachines
             | Rule::NoHealthyControlPlaneLeft
@@ -453,9 +459,16 @@ pub fn etcd_removal_plan(
         }
         EtcdState::Observed(m) => m,
     };
+    let at_risk = |assessment: &Assessment| {
+        if assessment.only_settling() {
+            Rule::EtcdSettling
+        } else {
+            Rule::EtcdQuorumAtRisk
+        }
+    };
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
         return Err((
-            Rule::EtcdQuorumAtRisk,
+            at_risk(&standing),
             format!(
                 "KThreesControlPlane can't remove {} because etcd has lost quorum: {standing}",
                 target.name
@@ -496,7 +509,7 @@ pub fn etcd_removal_plan(
             ),
         };
         return Err((
-            Rule::EtcdQuorumAtRisk,
+            at_risk(&assessment),
             format!(
                 "KThreesControlPlane can't remove {} because this could result in etcd losing quorum: {what}",
                 target.name

@@ -95,6 +95,10 @@ pub enum WaitReason {
     /// The target maps to no member, but some member is claimed by no
     /// Machine: it may be the target's. Nothing is removed on a guess.
     TargetMemberUnknown,
+    /// Quorum would be at risk only because voters are settling after a
+    /// change of leader or voters (a read that straddled a leadership
+    /// change): looked at again shortly.
+    EtcdSettling,
 }
 
 impl WaitReason {
@@ -113,10 +117,11 @@ impl WaitReason {
             WaitReason::UpstreamMemberUnknown => "upstream-member-unknown",
             WaitReason::LeadershipMoving => "leadership-moving",
             WaitReason::TargetMemberUnknown => "target-member-unknown",
+            WaitReason::EtcdSettling => "etcd-settling",
         }
     }
 
-    pub const ALL: [WaitReason; 12] = [
+    pub const ALL: [WaitReason; 13] = [
         WaitReason::AnotherRemediation,
         WaitReason::EtcdUnreachable,
         WaitReason::NoTransferee,
@@ -129,6 +134,7 @@ impl WaitReason {
         WaitReason::UpstreamMemberUnknown,
         WaitReason::LeadershipMoving,
         WaitReason::TargetMemberUnknown,
+        WaitReason::EtcdSettling,
     ];
 
     /// An ordinary part of a removal (CAPI draining, hooks, the Machine
@@ -143,6 +149,7 @@ impl WaitReason {
                 | WaitReason::OlderDeletion
                 | WaitReason::MachineGoing
                 | WaitReason::LeadershipMoving
+                | WaitReason::EtcdSettling
         )
     }
 }
@@ -299,6 +306,19 @@ fn bad_hook_value(value: &str) -> String {
 
 fn wait(reason: WaitReason, message: String) -> Step {
     Step::Wait { reason, message }
+}
+
+/// A wait on quorum: settling (progress) when only a leadership or voter
+/// change in passing makes it unsafe, else quorum at risk.
+fn quorum_wait(assessment: &quorum::Assessment, message: String) -> Step {
+    if assessment.only_settling() {
+        wait(
+            WaitReason::EtcdSettling,
+            format!("{message} (etcd is settling after a change of leader or voters)"),
+        )
+    } else {
+        wait(WaitReason::QuorumAtRisk, message)
+    }
 }
 
 /// The next step of `removal` in the world `view`.
@@ -547,8 +567,8 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
         Ok(Some(m)) => m,
     };
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
-        return Some(wait(
-            WaitReason::QuorumAtRisk,
+        return Some(quorum_wait(
+            &standing,
             format!(
                 "not deleting {} now: etcd has lost quorum: {standing}",
                 target.name
@@ -565,8 +585,8 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
     if assessment.is_safe() {
         return None;
     }
-    Some(wait(
-        WaitReason::QuorumAtRisk,
+    Some(quorum_wait(
+        &assessment,
         format!("not deleting {} now: {assessment}", target.name),
     ))
 }
@@ -578,11 +598,13 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
         Ok(Some(m)) => m,
     };
     let member = view.current_member(target)?;
-    if membership.leader != Some(member) {
-        return None;
-    }
-    // Started on an earlier pass and not over yet: confirm later rather than
-    // asking again (a move past its deadline is asked again, as after a restart).
+    // Started on an earlier pass and not confirmed yet (within its deadline):
+    // wait for the confirmation, which needs a snapshot where the cluster
+    // follows its new leader, rather than ask again or judge quorum on a
+    // snapshot taken mid-handover (every member then fails its linearizable
+    // read for a moment: "0 of 3 voters healthy" is the handover, not a
+    // lost quorum). A move past its deadline is asked again if the target
+    // still leads, as after a restart.
     if let Some(moving) = target
         .leadership_move
         .filter(|m| m.from == member && m.in_time)
@@ -594,6 +616,9 @@ fn leadership_step(view: &ControlPlaneView, target: &MachineView) -> Option<Step
                 target.name, moving.from, moving.to
             ),
         ));
+    }
+    if membership.leader != Some(member) {
+        return None;
     }
     Some(
         match leadership_transferee(view, membership, target, member) {
@@ -634,8 +659,8 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
         });
     }
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
-        return Some(wait(
-            WaitReason::QuorumAtRisk,
+        return Some(quorum_wait(
+            &standing,
             format!(
                 "not removing the member of {} now: etcd has lost quorum: {standing}",
                 target.name
@@ -644,8 +669,8 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
     }
     let assessment = quorum::assess_removal(&membership.members, member);
     if !assessment.is_safe() {
-        return Some(wait(
-            WaitReason::QuorumAtRisk,
+        return Some(quorum_wait(
+            &assessment,
             format!(
                 "not removing the member of {} now: {assessment}",
                 target.name
@@ -908,12 +933,18 @@ mod upstream_hook_tests {
                 "move-leadership",
             ),
             (
-                "leadership_left_the_target_so_its_member_is_removed",
+                "leadership_left_the_target_but_the_move_is_not_confirmed_so_it_waits",
                 Some(MoveInFlight {
                     from: 1,
                     to: 2,
                     in_time: true,
                 }),
+                Some(2),
+                "wait:leadership-moving",
+            ),
+            (
+                "the_move_was_confirmed_so_its_member_is_removed",
+                None,
                 Some(2),
                 "remove-member",
             ),

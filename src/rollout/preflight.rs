@@ -21,10 +21,14 @@ pub enum Check {
     /// An up-to-date Machine (a replacement) has no etcd member that is a
     /// healthy voter yet: it has not joined, or is still a learner.
     ReplacementNotVoter,
+    /// Members are unhealthy only because etcd is settling after a change of
+    /// leader or voters (a just-promoted member, a read that straddled a
+    /// leadership change): it passes within a few heartbeats.
+    EtcdSettling,
 }
 
 impl Check {
-    pub const ALL: [Check; 8] = [
+    pub const ALL: [Check; 9] = [
         Check::MachineDeleting,
         Check::MachineProvisioning,
         Check::NodeNotReady,
@@ -33,6 +37,7 @@ impl Check {
         Check::EtcdMemberUnhealthy,
         Check::EtcdMemberMissing,
         Check::ReplacementNotVoter,
+        Check::EtcdSettling,
     ];
 
     /// The check a rule suffix (`rollout.<check>`, `scale-up.<check>`) names.
@@ -50,6 +55,7 @@ impl Check {
             Check::EtcdMemberUnhealthy => "etcd-member-unhealthy",
             Check::EtcdMemberMissing => "etcd-member-missing",
             Check::ReplacementNotVoter => "replacement-not-voter",
+            Check::EtcdSettling => "etcd-settling",
         }
     }
 
@@ -62,6 +68,7 @@ impl Check {
                 | Check::MachineProvisioning
                 | Check::EtcdLearner
                 | Check::ReplacementNotVoter
+                | Check::EtcdSettling
         )
     }
 }
@@ -177,15 +184,29 @@ fn etcd_settled(view: &ControlPlaneView) -> Result<(), Failure> {
                     ),
                 );
             }
-            if let Some((m, why)) = membership.members.iter().find_map(|m| {
-                if m.name.is_empty() {
-                    Some((m, "added but not started".to_string()))
+            let unhealthy: Vec<(&crate::quorum::MemberView, String)> = membership
+                .members
+                .iter()
+                .filter_map(|m| {
+                    if m.name.is_empty() {
+                        Some((m, "added but not started".to_string()))
+                    } else {
+                        m.unhealthy_reason().map(|why| (m, why))
+                    }
+                })
+                .collect();
+            if let Some((m, why)) = unhealthy.first() {
+                // Only settling after a change of leader or voters: progress.
+                let check = if unhealthy
+                    .iter()
+                    .all(|(_, why)| crate::quorum::is_settling_reason(why))
+                {
+                    Check::EtcdSettling
                 } else {
-                    m.unhealthy_reason().map(|why| (m, why))
-                }
-            }) {
+                    Check::EtcdMemberUnhealthy
+                };
                 return fail(
-                    Check::EtcdMemberUnhealthy,
+                    check,
                     format!("etcd member {} is unhealthy ({why})", m.label()),
                 );
             }
