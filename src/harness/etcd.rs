@@ -1022,7 +1022,30 @@ impl EtcdTestCluster {
         self.members[index].extra_args.retain(|a| a != FORCE);
         self.spawn(index)?;
         self.wait_alone(index, &name).await?;
+        // The harness's own handle knew three members: a lone one cannot
+        // prove the others left it, so that handle rightly refuses it
+        // (etcd::cluster::choose_cluster); start from what is there now, as
+        // a person would after a reset.
+        self.renew_admin()?;
         Ok(name)
+    }
+
+    /// Replace the harness's own engine handle with a fresh one (nothing
+    /// proven yet), seeded as at start.
+    fn renew_admin(&mut self) -> Result<(), HarnessError> {
+        let seeds: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.ip_in_serving_cert)
+            .map(TestMember::client_url)
+            .collect();
+        self.admin = EtcdCluster::with_options(
+            &seeds,
+            self.client_tls(),
+            self.transport.clone(),
+            self.admin.timeouts(),
+        )?;
+        Ok(())
     }
 
     /// Set member `index`'s data dir aside as `etcd-backup-<unix time>`, as
