@@ -30,10 +30,6 @@ pub(crate) struct MemberList {
     pub cluster_id: u64,
     /// The id of the member that answered (the response header's).
     pub lister_id: u64,
-    /// The key-value revision of the member that answered (the header's):
-    /// shown to a person choosing between clusters (a first server restarted
-    /// from empty data starts again near 1), never used to choose.
-    pub revision: i64,
     pub members: Vec<ListedMember>,
     pub listed_by: EtcdEndpoint,
     /// Other clusters that answered on the seeds while this one was chosen.
@@ -74,8 +70,16 @@ impl MemberList {
                 .any(|id| !removed.contains(id))
     }
 
+    fn voter_ids(&self) -> BTreeSet<u64> {
+        self.members
+            .iter()
+            .filter(|m| !m.learner)
+            .map(|m| m.id)
+            .collect()
+    }
+
     /// For a person choosing: the cluster id, voters, member ids (what the
-    /// annotation takes), revision and who answered.
+    /// annotation takes) and who answered.
     fn describe(&self) -> String {
         let ids: Vec<String> = self
             .members
@@ -83,19 +87,19 @@ impl MemberList {
             .map(|m| format!("{:016x}", m.id))
             .collect();
         format!(
-            "{:016x} with {} voter(s), members {}, revision {}, answered by {}",
+            "{:016x} with {} voter(s), members {}, answered by {}",
             self.cluster_id,
             self.voters(),
             ids.join(","),
-            self.revision,
             self.listed_by.dial
         )
     }
 }
 
 /// What a handle knows of which cluster is ours: the cluster id and the
-/// members of the last snapshot that proved it (its lister reached a
-/// quorum), and the members removed through this handle since it was made.
+/// voters of the last snapshot that proved it (its lister reached a quorum;
+/// learners are left out: k3s evicts a stalled one on its own), and the
+/// members removed through this handle since it was made.
 /// A cluster id alone is not an identity: k3s's first server bootstraps
 /// alone with etcd's default cluster token, so when it restarts alone on its
 /// old address from empty data it gets the same cluster id, and the removed
@@ -556,7 +560,6 @@ impl EtcdCluster {
         Ok(MemberList {
             cluster_id: response.header().map_or(0, |h| h.cluster_id()),
             lister_id: response.header().map_or(0, |h| h.member_id()),
-            revision: response.header().map_or(0, |h| h.revision()),
             members: response
                 .members()
                 .iter()
@@ -848,7 +851,7 @@ impl EtcdCluster {
         }
         let voters = members.iter().filter(|m| !m.learner).count();
         if healthy_endpoints.len() > voters / 2 {
-            self.prove_cluster(list.cluster_id, list.ids());
+            self.prove_cluster(list.cluster_id, list.voter_ids());
         }
         Ok(MembershipSnapshot {
             cluster_id: list.cluster_id,
@@ -940,7 +943,6 @@ mod tests {
         MemberList {
             cluster_id: cluster,
             lister_id: lister,
-            revision: 1,
             members: voters
                 .iter()
                 .map(|&id| member(id, false))
@@ -1114,10 +1116,17 @@ mod tests {
                 Chosen("ours", vec![9]),
             ),
             (
-                "proven: a rollout in flight (a learner added, an old member removed by us) is still ours",
+                "proven: a rollout in flight (a voter added, an old one removed by us, a learner joining) is still ours",
                 None,
                 Some(known(C, &[1, 2, 3, 4], &[1])),
-                vec![list(C, "real", 2, &[2, 3, 4], &[])],
+                vec![list(C, "real", 2, &[2, 3, 4], &[5])],
+                Chosen("real", vec![]),
+            ),
+            (
+                "proven: k3s evicted a stalled learner and another handle removed a voter between two snapshots",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "real", 1, &[1, 2], &[])],
                 Chosen("real", vec![]),
             ),
             (
@@ -1217,7 +1226,7 @@ mod tests {
         .expect_err("a tie is refused");
         let text = err.to_string();
         for part in [
-            "0000000000000007 with 1 voter(s), members 0000000000000001, revision 1, answered by https://rogue:2379",
+            "0000000000000007 with 1 voter(s), members 0000000000000001, answered by https://rogue:2379",
             "members 0000000000000002",
             "controlplane.cluster.x-k8s.io/etcd-cluster-members=",
         ] {
