@@ -134,15 +134,17 @@ impl Identity<'_> {
 
     /// How strongly `answer` is ours (`None`: it is not):
     /// - pinned: the pinned members it lists (at least one);
-    /// - proven: the live known members it lists, which must be a majority
+    /// - proven: the live known voters it lists, which must be at least half
     ///   of them, with the known cluster id, and not answered by a member
     ///   removed through this handle. Membership changes one member at a
-    ///   time, so the real cluster keeps a majority of what the last proven
-    ///   snapshot listed; a removed first server restarted alone lists one
-    ///   member (itself), which is never a majority of two or more. (A
+    ///   time, so the real cluster keeps at least half of what the last
+    ///   proven snapshot listed; a removed first server restarted alone
+    ///   lists one member (itself), less than half of three or more. (A
     ///   cluster reset leaves the same shape and is refused too, until a
     ///   person pins its member or the controller restarts: a lone member
-    ///   cannot prove the others left it.)
+    ///   cannot prove the others left it.) With two known voters, one is
+    ///   half: a scale-down to one seen by a handle that did not remove the
+    ///   other; when both halves answer, that is a tie, refused.
     /// - fresh handle: its voters.
     fn score(&self, answer: &MemberList) -> Option<usize> {
         let ids = answer.ids();
@@ -153,7 +155,7 @@ impl Identity<'_> {
                 let listed = ids.intersection(&live).count();
                 if answer.cluster_id != known.cluster_id
                     || known.removed.contains(&answer.lister_id)
-                    || listed <= live.len() / 2
+                    || listed * 2 < live.len()
                 {
                     return None;
                 }
@@ -165,16 +167,17 @@ impl Identity<'_> {
     }
 
     /// Whether `answer` is ours beyond doubt, so that no other seed need be
-    /// asked (the steady state: one member list, as before): it is ours by
-    /// what the handle proved, or lists a majority of the pinned members. A
-    /// fresh handle asks the seeds the first answer does not list instead.
+    /// asked (the steady state: one member list, as before): it lists a
+    /// majority of the pinned, or of the live known, members (half leaves
+    /// room for a rival half: the others are asked). A fresh handle asks the
+    /// seeds the first answer does not list instead.
     fn settles(&self, answer: &MemberList) -> bool {
         let Some(score) = self.score(answer) else {
             return false;
         };
         match (self.pinned, self.known) {
             (Some(pinned), _) => score > pinned.len() / 2,
-            (None, Some(_)) => true,
+            (None, Some(known)) => score * 2 > known.live().len(),
             (None, None) => false,
         }
     }
@@ -1093,7 +1096,14 @@ mod tests {
                     list(C, "rogue", 1, &[1], &[]),
                     list(C, "real", 2, &[2], &[]),
                 ],
-                KnownGone,
+                Split,
+            ),
+            (
+                "proven: a scale-down from two to one by another handle, the removed member silent",
+                None,
+                Some(known(C, &[1, 2], &[])),
+                vec![list(C, "real", 2, &[2], &[])],
+                Chosen("real", vec![]),
             ),
             (
                 "proven: the same two members, but we removed member 1: the real one",
@@ -1209,7 +1219,17 @@ mod tests {
             known: Some(&steady),
         };
         assert!(identity.settles(&list(C, "real", 1, &[1, 2, 3], &[])));
+        assert!(identity.settles(&list(C, "real", 2, &[2, 3], &[])));
         assert!(!identity.settles(&list(C, "rogue", 1, &[1], &[])));
+        let two = known(C, &[1, 2], &[]);
+        let identity = Identity {
+            pinned: None,
+            known: Some(&two),
+        };
+        assert!(
+            !identity.settles(&list(C, "half", 2, &[2], &[])),
+            "half of two leaves room for a rival half: ask the others"
+        );
         let fresh = Identity::default();
         assert!(!fresh.settles(&list(C, "real", 1, &[1, 2, 3], &[])));
     }
