@@ -708,12 +708,15 @@ async fn an_etcd_only_server_is_seen_claimed_and_counted() {
 
 /// The first server (no `server:` to rejoin) restarts after its member was
 /// removed and, as the January 2026 k3s releases did, starts a one-member
-/// cluster of its own on the same address (docs/k3s.md T3). A controller
-/// that meets it first (fresh, its Node first among the seeds; the rogue's
-/// member even has the removed member's id) must keep to the real cluster:
-/// the hook goes because the member is gone from the real membership, the
-/// replacement joins the real cluster, and nothing is removed anywhere (the
-/// rogue dies with its VM).
+/// cluster of its own on the same address (docs/k3s.md T3). As on k3s (the
+/// harness bootstraps as k3s does, E5), the rogue has the real cluster's id
+/// and the removed member's id: only the member lists tell them apart. A
+/// controller that meets it first (fresh, its Node first among the seeds)
+/// must keep to the real cluster: the hook goes because the member is gone
+/// from the real membership, the replacement joins the real cluster, and
+/// nothing is removed anywhere (the rogue dies with its VM). With a rule
+/// that compares cluster ids only, the controller lists from the rogue, the
+/// removed member looks present, and the Machine never goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_server_restarted_as_a_cluster_of_its_own_is_not_taken_for_the_cluster() {
     use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
@@ -754,10 +757,24 @@ async fn the_first_server_restarted_as_a_cluster_of_its_own_is_not_taken_for_the
     let real_id = admin.snapshot().await.unwrap().cluster_id;
 
     let rogue_name = sandbox.restart_first_server_alone(first).await.unwrap();
-    let rogue_status = sandbox.etcd.status(first).await.unwrap();
+    let rogue = k3s_control_plane::etcd::EtcdCluster::with_options(
+        &[sandbox.etcd.member(first).client_url()],
+        sandbox.etcd.client_tls(),
+        sandbox.etcd.transport(),
+        k3s_control_plane::etcd::Timeouts::default(),
+    )
+    .unwrap()
+    .snapshot()
+    .await
+    .unwrap();
     assert_eq!(
-        rogue_status.leader, old_id,
-        "same peer URL and token: the rogue's member has the removed member's id"
+        rogue.cluster_id, real_id,
+        "bootstrapped alone with etcd's default token: the rogue has the real cluster's id"
+    );
+    assert_eq!(
+        rogue.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![old_id],
+        "same peer URL and token: the rogue's only member has the removed member's id"
     );
 
     // A fresh handle (the rogue's Node first among the seeds) finds the

@@ -691,3 +691,64 @@ async fn with_two_of_three_down_quorum_is_lost_and_said_fast() {
     .unwrap_err();
     assert!(matches!(err, EtcdError::QuorumLost { .. }), "{err}");
 }
+
+/// docs/k3s.md E5 and T3: the harness bootstraps as k3s does (the first
+/// member alone, with etcd's default cluster token; the others added as
+/// learners and promoted), so a first server whose member was removed and
+/// which restarts alone on its old address, from an empty data dir, comes
+/// back with the same cluster id as the real cluster and the removed
+/// member's id: etcd derives a bootstrapping member's id from its peer URLs
+/// and the cluster token, and the cluster id from the ids of the members it
+/// bootstrapped with. Nothing but the member list tells the two apart.
+#[tokio::test]
+async fn the_first_server_restarted_alone_shares_the_cluster_id_and_its_old_member_id() {
+    init();
+    let started = Instant::now();
+    let mut c = EtcdTestCluster::start(3).await.expect("start etcd cluster");
+    println!("start-up of 3 members: {:?}", started.elapsed());
+    let voters: Vec<bool> = c.members().iter().map(|m| m.learner).collect();
+    assert_eq!(voters, vec![false; 3], "every member promoted");
+    let etcd = c.connect();
+    let real = etcd.snapshot().await.unwrap();
+    let old_id = c.member(0).id;
+    etcd.safe_remove(old_id).await.unwrap();
+    c.wait_exited(0, Duration::from_secs(30)).await.unwrap();
+
+    let rogue_name = c.restart_as_new_cluster(0).await.unwrap();
+    let rogue = EtcdCluster::with_options(
+        &[c.member(0).client_url()],
+        c.client_tls(),
+        c.transport(),
+        Timeouts::default(),
+    )
+    .unwrap()
+    .snapshot()
+    .await
+    .unwrap();
+    assert_eq!(
+        rogue.cluster_id, real.cluster_id,
+        "the rogue shares the real cluster's id"
+    );
+    let ids: Vec<(u64, &str)> = rogue
+        .members
+        .iter()
+        .map(|m| (m.id, m.name.as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![(old_id, rogue_name.as_str())],
+        "one member, with the removed member's id under a new name"
+    );
+    // The real cluster, reached through its remaining members, is still
+    // there with the same id and without the removed member.
+    let others: Vec<String> = (1..3).map(|i| c.member(i).client_url()).collect();
+    let still =
+        EtcdCluster::with_options(&others, c.client_tls(), c.transport(), Timeouts::default())
+            .unwrap()
+            .snapshot()
+            .await
+            .unwrap();
+    assert_eq!(still.cluster_id, real.cluster_id);
+    assert_eq!(still.members.len(), 2);
+    assert!(still.member(old_id).is_none());
+}

@@ -231,3 +231,12 @@ pub fn etcd_secret_name(cluster: &str) -> String {
 /// hand on the Machine, or by the control-plane provider on the bootstrap
 /// config, from which CAPI copies it into `Machine.status.certificatesExpiryDate`.
 pub const CERTIFICATES_EXPIRY_ANNOTATION: &str = "machine.cluster.x-k8s.io/certificates-expiry";
+
+/// On a KThreesControlPlane: the ids of its workload cluster's etcd members
+/// (hex, as `etcd status` and `etcdctl member list` print them,
+/// comma-separated), which say which cluster is this control plane's when
+/// the seeds answer for more than one with the same cluster id (a first
+/// server restarted as a cluster of its own, docs/k3s.md T3) and the
+/// controller refuses to pick one (docs/etcd.md, "Which cluster is ours").
+pub const ETCD_CLUSTER_MEMBERS_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/etcd-cluster-members";

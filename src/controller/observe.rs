@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use crate::api::names::ETCD_TRANSPORT_ANNOTATION;
 use crate::api::names::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
+use crate::api::names::{ETCD_CLUSTER_MEMBERS_ANNOTATION, ETCD_TRANSPORT_ANNOTATION};
 use crate::api::{Cluster, KThreesControlPlane, Machine};
 use crate::etcd::{EtcdCluster, EtcdError, MembershipSnapshot};
 use crate::lifecycle::CaPurpose;
@@ -138,6 +138,8 @@ struct Reach<'a> {
     pem: &'a EtcdCaPem<'a>,
     seeds: &'a [String],
     port_forward: Option<(&'a kube::Client, &'a str)>,
+    /// Member ids a person pinned as the cluster's (annotation).
+    pinned: Option<&'a std::collections::BTreeSet<u64>>,
 }
 
 impl Reach<'_> {
@@ -159,6 +161,7 @@ impl Reach<'_> {
         match self.ctx.etcd.get_with(self.key, self.pem, self.seeds, via) {
             Err(err) => Attempt::Handle(err),
             Ok(handle) => {
+                handle.pin_members(self.pinned.cloned());
                 let started = Instant::now();
                 let snapshot = handle.snapshot().await;
                 self.ctx
@@ -620,6 +623,21 @@ async fn read_workload(
             }
         },
     };
+    let pinned = match world.kcp.annotations().get(ETCD_CLUSTER_MEMBERS_ANNOTATION) {
+        None => None,
+        Some(value) => match crate::etcd::cluster::parse_pinned_members(value) {
+            Ok(ids) => Some(ids),
+            Err(why) => {
+                world.etcd = EtcdObservation::Unreachable {
+                    reason: format!(
+                        "annotation {ETCD_CLUSTER_MEMBERS_ANNOTATION} on KThreesControlPlane {namespace}/{}: {why}; etcd is not contacted",
+                        world.kcp.name_any()
+                    ),
+                };
+                return Ok(None);
+            }
+        },
+    };
     let kubeconfig_version = objects
         .kubeconfig
         .as_ref()
@@ -640,6 +658,7 @@ async fn read_workload(
         pem: &pem,
         seeds: &seeds,
         port_forward,
+        pinned: pinned.as_ref(),
     };
     let fallback = ctx.etcd.fallback(&pool_key);
     let (attempt, transport) = match (mode, fallback) {

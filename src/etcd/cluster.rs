@@ -1,7 +1,7 @@
 //! A handle on one etcd cluster: seeds to start from, TLS, per-member clients,
 //! and the membership snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use etcd_client::{AlarmAction, AlarmType, GetOptions};
@@ -28,6 +28,8 @@ pub struct ListedMember {
 #[derive(Clone, Debug)]
 pub(crate) struct MemberList {
     pub cluster_id: u64,
+    /// The id of the member that answered (the response header's).
+    pub lister_id: u64,
     pub members: Vec<ListedMember>,
     pub listed_by: EtcdEndpoint,
     /// Other clusters that answered on the seeds while this one was chosen.
@@ -37,6 +39,10 @@ pub(crate) struct MemberList {
 impl MemberList {
     fn voters(&self) -> usize {
         self.members.iter().filter(|m| !m.learner).count()
+    }
+
+    fn ids(&self) -> BTreeSet<u64> {
+        self.members.iter().map(|m| m.id).collect()
     }
 
     fn as_foreign(&self) -> ForeignCluster {
@@ -52,69 +58,254 @@ impl MemberList {
             .iter()
             .any(|m| m.client_urls.iter().any(|u| u == url))
     }
+
+    /// Whether `self` and `other` can be one cluster: the same cluster id
+    /// and a member in common that is not one we know was removed (a cluster
+    /// id alone proves nothing, docs/k3s.md T3).
+    fn same_cluster(&self, other: &MemberList, removed: &BTreeSet<u64>) -> bool {
+        self.cluster_id == other.cluster_id
+            && self
+                .ids()
+                .intersection(&other.ids())
+                .any(|id| !removed.contains(id))
+    }
+
+    fn voter_ids(&self) -> BTreeSet<u64> {
+        self.members
+            .iter()
+            .filter(|m| !m.learner)
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// For a person choosing: the cluster id, voters, member ids (what the
+    /// annotation takes) and who answered.
+    fn describe(&self) -> String {
+        let ids: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{:016x}", m.id))
+            .collect();
+        format!(
+            "{:016x} with {} voter(s), members {}, answered by {}",
+            self.cluster_id,
+            self.voters(),
+            ids.join(","),
+            self.listed_by.dial
+        )
+    }
+}
+
+/// What a handle knows of which cluster is ours: the cluster id and the
+/// voters of the last snapshot that proved it (its lister reached a quorum;
+/// learners are left out: k3s evicts a stalled one on its own), and the
+/// members removed through this handle since it was made.
+/// A cluster id alone is not an identity: k3s's first server bootstraps
+/// alone with etcd's default cluster token, so when it restarts alone on its
+/// old address from empty data it gets the same cluster id, and the removed
+/// member's own id (docs/k3s.md T3). What it cannot share is the members.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KnownCluster {
+    pub cluster_id: u64,
+    pub members: BTreeSet<u64>,
+    pub removed: BTreeSet<u64>,
+}
+
+impl KnownCluster {
+    /// The known members that are still members as far as we know.
+    fn live(&self) -> BTreeSet<u64> {
+        self.members.difference(&self.removed).copied().collect()
+    }
+}
+
+/// What tells which cluster is ours, strongest first: the members a person
+/// pinned (annotation `controlplane.cluster.x-k8s.io/etcd-cluster-members`),
+/// else what the handle proved, else nothing (a fresh handle).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Identity<'a> {
+    pub pinned: Option<&'a BTreeSet<u64>>,
+    pub known: Option<&'a KnownCluster>,
+}
+
+impl Identity<'_> {
+    fn removed(&self) -> BTreeSet<u64> {
+        self.known.map(|k| k.removed.clone()).unwrap_or_default()
+    }
+
+    /// How strongly `answer` is ours (`None`: it is not):
+    /// - pinned: the pinned members it lists (at least one);
+    /// - proven: the live known voters it lists, which must be at least half
+    ///   of them, with the known cluster id, and not answered by a member
+    ///   removed through this handle. Membership changes one member at a
+    ///   time, so the real cluster keeps at least half of what the last
+    ///   proven snapshot listed; a removed first server restarted alone
+    ///   lists one member (itself), less than half of three or more. (A
+    ///   cluster reset leaves the same shape and is refused too, until a
+    ///   person pins its member or the controller restarts: a lone member
+    ///   cannot prove the others left it.) With two known voters, one is
+    ///   half: a scale-down to one seen by a handle that did not remove the
+    ///   other; when both halves answer, that is a tie, refused.
+    /// - fresh handle: its voters.
+    fn score(&self, answer: &MemberList) -> Option<usize> {
+        let ids = answer.ids();
+        let score = match (self.pinned, self.known) {
+            (Some(pinned), _) => ids.intersection(pinned).count(),
+            (None, Some(known)) => {
+                let live = known.live();
+                let listed = ids.intersection(&live).count();
+                if answer.cluster_id != known.cluster_id
+                    || known.removed.contains(&answer.lister_id)
+                    || listed * 2 < live.len()
+                {
+                    return None;
+                }
+                listed
+            }
+            (None, None) => answer.voters(),
+        };
+        (score > 0).then_some(score)
+    }
+
+    /// Whether `answer` is ours beyond doubt, so that no other seed need be
+    /// asked (the steady state: one member list, as before): it lists a
+    /// majority of the pinned, or of the live known, members (half leaves
+    /// room for a rival half: the others are asked). A fresh handle asks the
+    /// seeds the first answer does not list instead.
+    fn settles(&self, answer: &MemberList) -> bool {
+        let Some(score) = self.score(answer) else {
+            return false;
+        };
+        match (self.pinned, self.known) {
+            (Some(pinned), _) => score > pinned.len() / 2,
+            (None, Some(known)) => score * 2 > known.live().len(),
+            (None, None) => false,
+        }
+    }
 }
 
 /// Which of the clusters that answered on the seeds is ours. Pure.
 ///
 /// A removed k3s server can come back as a cluster of its own on the same
-/// address (the first server has no `server:` to rejoin: k3s T3), so the
-/// first endpoint that answers is not trusted blindly:
-/// - once a snapshot has proven a cluster id, only that cluster is ours; if
-///   none of its endpoints answered, nothing is (refused, never guessed);
-/// - before that, the cluster with the most voters is ours, and a tie is
-///   refused.
+/// address, with the same cluster id (the first server has no `server:` to
+/// rejoin: k3s T3), so neither the first endpoint that answers nor the
+/// cluster id is trusted alone. Each answer is scored ([`Identity::score`]):
+/// - pinned members (a person's word): the answer listing most of them;
+///   none listing any is refused ([`EtcdError::PinnedClusterGone`]);
+/// - once a snapshot has proven the cluster: an answer with its cluster id,
+///   not given by a member removed through this handle, listing a majority
+///   of the members it knew and were not removed since (a rogue lists only
+///   itself, the removed member); none is refused
+///   ([`EtcdError::KnownClusterGone`]), never guessed;
+/// - before that: the answer with the most voters.
+///
+/// The best answer wins unless an answer of another cluster (another id, or
+/// no live member in common) scores as high: then it is refused
+/// ([`EtcdError::SplitClusters`], naming the annotation that settles it).
+/// Answers of the chosen cluster from other endpoints are not foreign.
 pub(crate) fn choose_cluster(
-    proven: Option<u64>,
+    identity: Identity<'_>,
     answers: Vec<MemberList>,
 ) -> Result<MemberList, EtcdError> {
-    let mut clusters: Vec<MemberList> = Vec::new();
+    if answers.is_empty() {
+        return Err(EtcdError::NoReceiver {
+            reason: "no endpoint answered the member list".into(),
+        });
+    }
+    let removed = identity.removed();
+    let scores: Vec<Option<usize>> = answers.iter().map(|a| identity.score(a)).collect();
+    // The first answer with the best score (seeds are asked in order).
+    let best = (0..answers.len())
+        .filter(|&i| scores[i].is_some())
+        .max_by_key(|&i| (scores[i], std::cmp::Reverse(i)));
+    let Some(best) = best else {
+        let found = distinct(&answers, &removed)
+            .iter()
+            .map(|a| a.describe())
+            .collect();
+        return Err(match (identity.pinned, identity.known) {
+            (Some(pinned), _) => EtcdError::PinnedClusterGone {
+                pinned: pinned.iter().copied().collect(),
+                found,
+            },
+            (None, Some(known)) => EtcdError::KnownClusterGone {
+                known: known.cluster_id,
+                members: known.live().into_iter().collect(),
+                found,
+            },
+            (None, None) => EtcdError::NoReceiver {
+                reason: "no endpoint answered the member list".into(),
+            },
+        });
+    };
+    let rival = (0..answers.len()).find(|&i| {
+        i != best && scores[i] == scores[best] && !answers[i].same_cluster(&answers[best], &removed)
+    });
+    if rival.is_some() {
+        return Err(EtcdError::SplitClusters {
+            clusters: distinct(&answers, &removed)
+                .iter()
+                .map(|a| a.describe())
+                .collect(),
+        });
+    }
+    let mut answers = answers;
+    let mut list = answers.swap_remove(best);
+    let others: Vec<MemberList> = answers
+        .into_iter()
+        .filter(|a| !a.same_cluster(&list, &removed))
+        .collect();
+    list.foreign.extend(
+        distinct(&others, &removed)
+            .into_iter()
+            .map(MemberList::as_foreign),
+    );
+    Ok(list)
+}
+
+/// One answer per cluster (by [`MemberList::same_cluster`]), in order.
+fn distinct<'a>(answers: &'a [MemberList], removed: &BTreeSet<u64>) -> Vec<&'a MemberList> {
+    let mut out: Vec<&MemberList> = Vec::new();
     for answer in answers {
-        if !clusters.iter().any(|c| c.cluster_id == answer.cluster_id) {
-            clusters.push(answer);
+        if !out.iter().any(|o| {
+            o.same_cluster(answer, removed)
+                || (o.cluster_id == answer.cluster_id && o.ids() == answer.ids())
+        }) {
+            out.push(answer);
         }
     }
-    let describe = |c: &MemberList| {
-        format!(
-            "{:016x} with {} voter(s), answered by {}",
-            c.cluster_id,
-            c.voters(),
-            c.listed_by.dial
-        )
-    };
-    let chosen = match proven {
-        Some(id) => match clusters.iter().position(|c| c.cluster_id == id) {
-            Some(index) => index,
-            None => {
-                return Err(EtcdError::KnownClusterGone {
-                    known: id,
-                    found: clusters.iter().map(describe).collect(),
-                });
+    out
+}
+
+/// The value of the annotation `controlplane.cluster.x-k8s.io/etcd-cluster-members`:
+/// member ids in hex (as `etcd status` and `etcdctl member list` print
+/// them, with or without leading zeros or `0x`), comma-separated. Pure;
+/// the error says what is wrong with which item.
+pub fn parse_pinned_members(value: &str) -> Result<BTreeSet<u64>, String> {
+    let mut ids = BTreeSet::new();
+    for item in value.split(',') {
+        let item = item.trim();
+        let digits = item
+            .strip_prefix("0x")
+            .or_else(|| item.strip_prefix("0X"))
+            .unwrap_or(item);
+        if digits.is_empty() {
+            return Err(format!(
+                "{value:?}: expected etcd member ids in hex, comma-separated; found an empty item"
+            ));
+        }
+        match u64::from_str_radix(digits, 16) {
+            Ok(0) => return Err(format!("{value:?}: {item:?} is not a member id (0)")),
+            Ok(id) => {
+                ids.insert(id);
             }
-        },
-        None => {
-            let most = clusters.iter().map(MemberList::voters).max().unwrap_or(0);
-            let best: Vec<usize> = (0..clusters.len())
-                .filter(|&i| clusters[i].voters() == most)
-                .collect();
-            match best.as_slice() {
-                [one] => *one,
-                [] => {
-                    return Err(EtcdError::NoReceiver {
-                        reason: "no endpoint answered the member list".into(),
-                    });
-                }
-                _ => {
-                    return Err(EtcdError::SplitClusters {
-                        clusters: clusters.iter().map(describe).collect(),
-                    });
-                }
+            Err(_) => {
+                return Err(format!(
+                    "{value:?}: {item:?} is not an etcd member id (up to 16 hex digits)"
+                ));
             }
         }
-    };
-    let mut list = clusters.remove(chosen);
-    list.foreign
-        .extend(clusters.iter().map(MemberList::as_foreign));
-    Ok(list)
+    }
+    Ok(ids)
 }
 
 /// Connection to one etcd cluster over verified mutual TLS.
@@ -122,9 +313,14 @@ pub struct EtcdCluster {
     pub(crate) clients: MemberClients,
     /// Client URLs to start from: the given seeds, then members learnt since.
     seeds: Mutex<Vec<String>>,
-    /// The cluster id a snapshot proved (its lister reached a quorum): from
-    /// then on, an endpoint answering for another cluster is never listed from.
-    proven_cluster_id: Mutex<Option<u64>>,
+    /// The cluster a snapshot proved (its lister reached a quorum): its id
+    /// and members. From then on, an endpoint answering for another cluster,
+    /// or for the same id with none of these members, is never listed from.
+    known: Mutex<Option<KnownCluster>>,
+    /// Members removed through this handle: an answer they give is not ours.
+    removed: Mutex<BTreeSet<u64>>,
+    /// Members a person pinned as ours ([`Self::pin_members`]).
+    pinned: Mutex<Option<BTreeSet<u64>>>,
     /// Foreign clusters already logged, by endpoint and cluster id.
     reported_foreign: Mutex<std::collections::HashSet<(String, u64)>>,
 }
@@ -165,7 +361,9 @@ impl EtcdCluster {
         Ok(Self {
             clients: MemberClients::new(tls, transport, timeouts),
             seeds: Mutex::new(seeds.to_vec()),
-            proven_cluster_id: Mutex::new(None),
+            known: Mutex::new(None),
+            removed: Mutex::new(BTreeSet::new()),
+            pinned: Mutex::new(None),
             reported_foreign: Mutex::new(Default::default()),
         })
     }
@@ -218,17 +416,55 @@ impl EtcdCluster {
         }
     }
 
+    /// Say which cluster is ours by its members' ids (the annotation
+    /// `controlplane.cluster.x-k8s.io/etcd-cluster-members`), or stop saying
+    /// so (`None`). Takes precedence over what the handle proved.
+    pub fn pin_members(&self, pinned: Option<BTreeSet<u64>>) {
+        *self.pinned.lock().unwrap_or_else(|p| p.into_inner()) = pinned;
+    }
+
+    /// Member `id` was removed through this handle: an endpoint answering as
+    /// it (a removed server restarted as a cluster of its own) is not ours.
+    pub(crate) fn note_removed(&self, id: u64) {
+        self.removed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+    }
+
+    /// What this handle knows of its cluster, with the removals it made.
+    fn known_cluster(&self) -> Option<KnownCluster> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        known.map(|mut k| {
+            k.removed = self
+                .removed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            k
+        })
+    }
+
     /// `MemberList` from the first endpoint that answers for our cluster,
     /// skipping the client URLs in `avoid` (e.g. a member about to be
-    /// removed). Which cluster is ours: [`choose_cluster`]. Once a cluster id
-    /// is proven this costs nothing extra unless a seed answers for another
-    /// cluster; before, the seeds the first answer does not list are asked
-    /// too (none, on a steady cluster).
+    /// removed). Which cluster is ours: [`choose_cluster`]. Once a cluster is
+    /// proven (or members pinned), the first answer listing a majority of
+    /// its members settles it, so a steady cluster costs one member list as
+    /// before; an answer that does not (a rogue lists only itself) makes the
+    /// next seeds be asked. A fresh handle asks the seeds the first answer
+    /// does not list too (none, on a steady cluster).
     pub(crate) async fn member_list(&self, avoid: &[String]) -> Result<MemberList, EtcdError> {
-        let proven = *self
-            .proven_cluster_id
+        let known = self.known_cluster();
+        let pinned = self
+            .pinned
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let identity = Identity {
+            pinned: pinned.as_ref(),
+            known: known.as_ref(),
+        };
+        let fresh = identity.pinned.is_none() && identity.known.is_none();
         let mut errors = Vec::new();
         let mut answers: Vec<MemberList> = Vec::new();
         let seeds: Vec<String> = self
@@ -246,18 +482,17 @@ impl EtcdCluster {
                 self.timeouts().call
             };
             match self.member_list_from(&endpoint, limit).await {
-                Ok(list) if proven.is_none_or(|id| id == list.cluster_id) => {
-                    if proven.is_none() {
-                        let unlisted: Vec<&String> =
-                            seeds.iter().filter(|s| !list.covers(s)).collect();
-                        answers.push(list);
-                        answers.extend(self.other_answers(&unlisted).await);
-                    } else {
-                        answers.push(list);
-                    }
+                Ok(list) if identity.settles(&list) => {
+                    answers.push(list);
                     break;
                 }
-                Ok(foreign) => answers.push(foreign),
+                Ok(list) if fresh => {
+                    let unlisted: Vec<&String> = seeds.iter().filter(|s| !list.covers(s)).collect();
+                    answers.push(list);
+                    answers.extend(self.other_answers(&unlisted).await);
+                    break;
+                }
+                Ok(unsettled) => answers.push(unsettled),
                 Err(err) => errors.push(err),
             }
         }
@@ -270,7 +505,7 @@ impl EtcdCluster {
                 _ => EtcdError::AllEndpointsFailed(errors),
             });
         }
-        let list = choose_cluster(proven, answers)?;
+        let list = choose_cluster(identity, answers)?;
         for foreign in &list.foreign {
             // Once per foreign cluster and endpoint: it answers on every pass.
             let first = self
@@ -304,12 +539,14 @@ impl EtcdCluster {
         .collect()
     }
 
-    /// Remember `cluster_id` as ours: a snapshot proved it reaches a quorum.
-    fn prove_cluster(&self, cluster_id: u64) {
-        *self
-            .proven_cluster_id
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(cluster_id);
+    /// Remember `cluster_id` with these members as ours: a snapshot proved
+    /// it reaches a quorum. Costs a set of ids per snapshot, no request.
+    fn prove_cluster(&self, cluster_id: u64, members: BTreeSet<u64>) {
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = Some(KnownCluster {
+            cluster_id,
+            members,
+            removed: BTreeSet::new(),
+        });
     }
 
     pub(crate) async fn member_list_from(
@@ -325,6 +562,7 @@ impl EtcdCluster {
             .await?;
         Ok(MemberList {
             cluster_id: response.header().map_or(0, |h| h.cluster_id()),
+            lister_id: response.header().map_or(0, |h| h.member_id()),
             members: response
                 .members()
                 .iter()
@@ -616,7 +854,7 @@ impl EtcdCluster {
         }
         let voters = members.iter().filter(|m| !m.learner).count();
         if healthy_endpoints.len() > voters / 2 {
-            self.prove_cluster(list.cluster_id);
+            self.prove_cluster(list.cluster_id, list.voter_ids());
         }
         Ok(MembershipSnapshot {
             cluster_id: list.cluster_id,
@@ -695,23 +933,24 @@ impl Probe {
 mod tests {
     use super::*;
 
-    /// A member list of `cluster` answered at `host`, with `voters` voters
-    /// named `<host>-<n>` and one learner if `learner`.
-    fn answer(cluster: u64, host: &str, voters: usize, learner: bool) -> MemberList {
-        let member = |n: usize, learner: bool| ListedMember {
-            id: cluster * 100 + n as u64,
-            name: format!("{host}-{n}"),
+    /// A member list of `cluster` answered at `host` by member `lister`,
+    /// listing `voters` and `learners` (by id).
+    fn list(cluster: u64, host: &str, lister: u64, voters: &[u64], learners: &[u64]) -> MemberList {
+        let member = |id: u64, learner: bool| ListedMember {
+            id,
+            name: format!("cp-{id}-0000000{id}"),
             peer_urls: vec![],
-            client_urls: vec![format!("https://{host}.{n}:2379")],
+            client_urls: vec![format!("https://{host}.{id}:2379")],
             learner,
         };
-        let mut members: Vec<ListedMember> = (0..voters).map(|n| member(n, false)).collect();
-        if learner {
-            members.push(member(voters, true));
-        }
         MemberList {
             cluster_id: cluster,
-            members,
+            lister_id: lister,
+            members: voters
+                .iter()
+                .map(|&id| member(id, false))
+                .chain(learners.iter().map(|&id| member(id, true)))
+                .collect(),
             listed_by: EtcdEndpoint {
                 dial: format!("https://{host}:2379"),
                 server_name: host.to_string(),
@@ -720,77 +959,337 @@ mod tests {
         }
     }
 
+    fn known(cluster: u64, members: &[u64], removed: &[u64]) -> KnownCluster {
+        KnownCluster {
+            cluster_id: cluster,
+            members: members.iter().copied().collect(),
+            removed: removed.iter().copied().collect(),
+        }
+    }
+
+    /// What `choose_cluster` should answer.
+    #[derive(Debug, PartialEq)]
+    enum Verdict {
+        /// The answer listed by this host, with these foreign cluster ids.
+        Chosen(&'static str, Vec<u64>),
+        Split,
+        KnownGone,
+        PinnedGone,
+    }
+    use Verdict::*;
+
+    /// The cluster id every case shares unless it says otherwise: k3s's
+    /// first server bootstraps alone with etcd's default token, so a rogue
+    /// made from it has the real cluster's id (docs/k3s.md T3).
+    const C: u64 = 7;
+
     #[test]
-    fn a_first_server_restarted_as_its_own_cluster_loses_to_the_real_one() {
-        // The rogue answered first (its Node sorts first); the real cluster
-        // came from a seed the rogue does not list.
-        let chosen = choose_cluster(
-            None,
-            vec![answer(9, "rogue", 1, false), answer(7, "real", 2, false)],
-        )
-        .expect("the real cluster is chosen");
-        assert_eq!(chosen.cluster_id, 7);
-        assert_eq!(chosen.foreign.len(), 1);
-        assert_eq!(chosen.foreign[0].cluster_id, 9);
-        assert_eq!(chosen.foreign[0].members, vec!["rogue-0".to_string()]);
+    fn which_cluster_is_ours_table() {
+        let pin = |ids: &[u64]| -> BTreeSet<u64> { ids.iter().copied().collect() };
+        // (situation, pinned, known, answers in the order they came, verdict)
+        let cases: Vec<(
+            &str,
+            Option<BTreeSet<u64>>,
+            Option<KnownCluster>,
+            Vec<MemberList>,
+            Verdict,
+        )> = vec![
+            (
+                "a fresh handle: the first server restarted alone (same cluster id, its old member id) loses to the real cluster",
+                None,
+                None,
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2, 3, 4], &[]),
+                ],
+                Chosen("real", vec![C]),
+            ),
+            (
+                "a fresh handle: a rogue with another cluster id loses to the real cluster too",
+                None,
+                None,
+                vec![
+                    list(9, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2, 3], &[]),
+                ],
+                Chosen("real", vec![9]),
+            ),
+            (
+                "a fresh handle: one voter each, the same cluster id, no member in common: refused",
+                None,
+                None,
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Split,
+            ),
+            (
+                "a fresh handle: learners do not count towards which cluster is ours",
+                None,
+                None,
+                vec![
+                    list(C, "rogue", 1, &[1], &[5]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Split,
+            ),
+            (
+                "a fresh handle: two members of one cluster answering are one cluster, the first answer taken",
+                None,
+                None,
+                vec![
+                    list(C, "a", 1, &[1, 2, 3], &[]),
+                    list(C, "b", 2, &[1, 2, 3], &[]),
+                ],
+                Chosen("a", vec![]),
+            ),
+            (
+                "a fresh handle: a lagging member's list still naming a removed member is the same cluster",
+                None,
+                None,
+                vec![
+                    list(C, "a", 2, &[2, 3, 4], &[]),
+                    list(C, "b", 3, &[1, 2, 3], &[]),
+                ],
+                Chosen("a", vec![]),
+            ),
+            (
+                "proven: the steady state, the one answer is ours",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "real", 1, &[1, 2, 3], &[])],
+                Chosen("real", vec![]),
+            ),
+            (
+                "proven: the rogue answering first as the member we removed is passed over",
+                None,
+                Some(known(C, &[1, 2, 3], &[1])),
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2, 3, 4], &[4]),
+                ],
+                Chosen("real", vec![C]),
+            ),
+            (
+                "proven: the rogue of a member removed elsewhere (k3s, another handle) lists a minority of the known members",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2, 3], &[]),
+                ],
+                Chosen("real", vec![C]),
+            ),
+            (
+                "proven: only the rogue answering is refused, never taken for the cluster",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "rogue", 1, &[1], &[])],
+                KnownGone,
+            ),
+            (
+                "proven: a two-member cluster whose member was removed elsewhere, and its rogue: refused",
+                None,
+                Some(known(C, &[1, 2], &[])),
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Split,
+            ),
+            (
+                "proven: a scale-down from two to one by another handle, the removed member silent",
+                None,
+                Some(known(C, &[1, 2], &[])),
+                vec![list(C, "real", 2, &[2], &[])],
+                Chosen("real", vec![]),
+            ),
+            (
+                "proven: the same two members, but we removed member 1: the real one",
+                None,
+                Some(known(C, &[1, 2], &[1])),
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Chosen("real", vec![C]),
+            ),
+            (
+                "proven: a larger cluster with another id is foreign, ours wins",
+                None,
+                Some(known(C, &[1], &[])),
+                vec![
+                    list(9, "other", 5, &[5, 6, 8], &[]),
+                    list(C, "ours", 1, &[1], &[]),
+                ],
+                Chosen("ours", vec![9]),
+            ),
+            (
+                "proven: a rollout in flight (a voter added, an old one removed by us, a learner joining) is still ours",
+                None,
+                Some(known(C, &[1, 2, 3, 4], &[1])),
+                vec![list(C, "real", 2, &[2, 3, 4], &[5])],
+                Chosen("real", vec![]),
+            ),
+            (
+                "proven: k3s evicted a stalled learner and another handle removed a voter between two snapshots",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "real", 1, &[1, 2], &[])],
+                Chosen("real", vec![]),
+            ),
+            (
+                "proven: a cluster reset leaves one known member alone: refused until pinned",
+                None,
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "reset", 2, &[2], &[])],
+                KnownGone,
+            ),
+            (
+                "pinned: the reset member pinned is ours",
+                Some(pin(&[2])),
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(C, "reset", 2, &[2], &[])],
+                Chosen("reset", vec![]),
+            ),
+            (
+                "pinned: the pin picks the cluster a fresh handle would refuse",
+                Some(pin(&[2])),
+                None,
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Chosen("real", vec![C]),
+            ),
+            (
+                "pinned: members restored from a snapshot (a new cluster id) are ours once pinned",
+                Some(pin(&[0x11, 0x12])),
+                Some(known(C, &[1, 2, 3], &[])),
+                vec![list(0x99, "restored", 0x11, &[0x11, 0x12, 0x13], &[])],
+                Chosen("restored", vec![]),
+            ),
+            (
+                "pinned: no answer lists a pinned member: refused, naming the pin",
+                Some(pin(&[0x42])),
+                None,
+                vec![list(C, "real", 2, &[2, 3], &[])],
+                PinnedGone,
+            ),
+            (
+                "pinned: two clusters each listing one pinned member: refused",
+                Some(pin(&[1, 2])),
+                None,
+                vec![
+                    list(C, "rogue", 1, &[1], &[]),
+                    list(C, "real", 2, &[2], &[]),
+                ],
+                Split,
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (situation, pinned, known, answers, want) in cases {
+            let identity = Identity {
+                pinned: pinned.as_ref(),
+                known: known.as_ref(),
+            };
+            let got = match choose_cluster(identity, answers) {
+                Ok(list) => Chosen(
+                    Box::leak(list.listed_by.server_name.clone().into_boxed_str()),
+                    list.foreign.iter().map(|f| f.cluster_id).collect(),
+                ),
+                Err(EtcdError::SplitClusters { .. }) => Split,
+                Err(EtcdError::KnownClusterGone { .. }) => KnownGone,
+                Err(EtcdError::PinnedClusterGone { .. }) => PinnedGone,
+                Err(other) => panic!("{situation}: {other}"),
+            };
+            if got != want {
+                failures.push(format!("{situation}: got {got:?}, want {want:?}"));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
     #[test]
-    fn learners_do_not_count_towards_which_cluster_is_ours() {
-        let result = choose_cluster(
-            None,
-            vec![answer(9, "rogue", 1, true), answer(7, "real", 1, false)],
-        );
+    fn the_steady_state_asks_one_seed_and_a_rogue_first_makes_it_ask_the_next() {
+        let steady = known(C, &[1, 2, 3], &[]);
+        let identity = Identity {
+            pinned: None,
+            known: Some(&steady),
+        };
+        assert!(identity.settles(&list(C, "real", 1, &[1, 2, 3], &[])));
+        assert!(identity.settles(&list(C, "real", 2, &[2, 3], &[])));
+        assert!(!identity.settles(&list(C, "rogue", 1, &[1], &[])));
+        let two = known(C, &[1, 2], &[]);
+        let identity = Identity {
+            pinned: None,
+            known: Some(&two),
+        };
         assert!(
-            matches!(result, Err(EtcdError::SplitClusters { ref clusters }) if clusters.len() == 2),
-            "{result:?}"
+            !identity.settles(&list(C, "half", 2, &[2], &[])),
+            "half of two leaves room for a rival half: ask the others"
         );
+        let fresh = Identity::default();
+        assert!(!fresh.settles(&list(C, "real", 1, &[1, 2, 3], &[])));
     }
 
     #[test]
-    fn two_clusters_with_as_many_voters_are_refused_not_guessed() {
-        let result = choose_cluster(
-            None,
-            vec![answer(9, "a", 2, false), answer(7, "b", 2, false)],
-        );
-        let err = result.expect_err("a tie is refused");
+    fn refusals_name_the_clusters_member_ids_and_the_annotation_that_settles_it() {
+        let err = choose_cluster(
+            Identity::default(),
+            vec![
+                list(C, "rogue", 1, &[1], &[]),
+                list(C, "real", 2, &[2], &[]),
+            ],
+        )
+        .expect_err("a tie is refused");
+        let text = err.to_string();
+        for part in [
+            "0000000000000007 with 1 voter(s), members 0000000000000001, answered by https://rogue:2379",
+            "members 0000000000000002",
+            "controlplane.cluster.x-k8s.io/etcd-cluster-members=",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let steady = known(C, &[1, 2, 3], &[]);
+        let err = choose_cluster(
+            Identity {
+                pinned: None,
+                known: Some(&steady),
+            },
+            vec![list(C, "rogue", 1, &[1], &[])],
+        )
+        .expect_err("refused");
         let text = err.to_string();
         assert!(
-            text.contains("0000000000000009") && text.contains("0000000000000007"),
+            text.contains("any of the members known of it (0000000000000001,0000000000000002,0000000000000003)")
+                && text.contains("controlplane.cluster.x-k8s.io/etcd-cluster-members="),
             "{text}"
         );
     }
 
     #[test]
-    fn a_proven_cluster_wins_even_against_a_larger_foreign_one() {
-        let chosen = choose_cluster(
-            Some(7),
-            vec![answer(9, "other", 3, false), answer(7, "ours", 1, false)],
-        )
-        .expect("ours");
-        assert_eq!(chosen.cluster_id, 7);
-        assert_eq!(chosen.foreign[0].cluster_id, 9);
-    }
-
-    #[test]
-    fn only_foreign_clusters_answering_is_refused_once_ours_is_proven() {
-        let result = choose_cluster(Some(7), vec![answer(9, "rogue", 1, false)]);
-        assert!(
-            matches!(result, Err(EtcdError::KnownClusterGone { known: 7, ref found }) if found.len() == 1),
-            "{result:?}"
+    fn pinned_members_parse_as_etcd_prints_them_and_bad_items_are_named() {
+        assert_eq!(
+            parse_pinned_members("8e9e05c52164694d, 0x91bc3c398fb3c146,a").unwrap(),
+            [0x8e9e05c52164694d, 0x91bc3c398fb3c146, 0xa]
+                .into_iter()
+                .collect()
         );
-    }
-
-    #[test]
-    fn one_cluster_answering_is_ours_with_nothing_foreign() {
-        let chosen = choose_cluster(
-            None,
-            vec![answer(7, "a", 3, false), answer(7, "b", 3, false)],
-        )
-        .expect("one cluster");
-        assert_eq!(chosen.cluster_id, 7);
-        assert!(chosen.foreign.is_empty());
-        assert_eq!(chosen.listed_by.dial, "https://a:2379");
+        for (value, says) in [
+            ("", "empty item"),
+            ("8e9e05c52164694d,", "empty item"),
+            (
+                "cp-0-1a2b3c4d",
+                "\"cp-0-1a2b3c4d\" is not an etcd member id",
+            ),
+            ("0", "is not a member id (0)"),
+            ("1ffffffffffffffff", "up to 16 hex digits"),
+        ] {
+            let err = parse_pinned_members(value).expect_err(value);
+            assert!(err.contains(says), "{value:?}: {err}");
+        }
     }
 
     fn probe(leader: u64, read: Read) -> Probe {

@@ -75,21 +75,44 @@ pub enum EtcdError {
     },
 
     /// Endpoints on the seeds answer for more than one etcd cluster and
-    /// nothing says which one is ours: refused rather than guessed.
+    /// nothing says which one is ours: refused rather than guessed. The same
+    /// cluster id does not make them one cluster: a first server restarted
+    /// alone on its address shares it (docs/k3s.md T3); only members do.
     #[error(
-        "the seeds answer for more than one etcd cluster with as many voters each ({}): refusing to pick one; the member lists are in the snapshot's foreign clusters",
-        clusters.join("; ")
+        "the seeds answer for more than one etcd cluster and nothing tells which is ours ({}): refusing to pick one. To say which, annotate the KThreesControlPlane with {annotation}=<ids of that cluster's members, hex, comma-separated>",
+        clusters.join("; "),
+        annotation = crate::api::names::ETCD_CLUSTER_MEMBERS_ANNOTATION
     )]
     SplitClusters { clusters: Vec<String> },
 
-    /// Every endpoint that answered belongs to another cluster than the one
-    /// this handle has proven before (e.g. a removed server restarted as a
-    /// new one-member cluster while the real members are unreachable).
+    /// No endpoint that answered is the cluster this handle proved before:
+    /// another cluster id, or the same id with none of the members it knew
+    /// (e.g. a removed server restarted as a new one-member cluster while
+    /// the real members are unreachable).
     #[error(
-        "no endpoint answers for etcd cluster {known:016x}, the one managed so far; only other clusters answered ({}). If the cluster was restored from a snapshot (a new cluster id), restart the controller to accept it",
-        found.join("; ")
+        "no endpoint answers for etcd cluster {known:016x} with any of the members known of it ({}), the one managed so far; only other clusters answered ({}). If the cluster was restored from a snapshot or its members replaced meanwhile, annotate the KThreesControlPlane with {annotation}=<ids of its members now, hex, comma-separated>, or restart the controller",
+        members.iter().map(|id| format!("{id:016x}")).collect::<Vec<_>>().join(","),
+        found.join("; "),
+        annotation = crate::api::names::ETCD_CLUSTER_MEMBERS_ANNOTATION
     )]
-    KnownClusterGone { known: u64, found: Vec<String> },
+    KnownClusterGone {
+        known: u64,
+        members: Vec<u64>,
+        found: Vec<String>,
+    },
+
+    /// The members a person pinned (the annotation) are in no cluster that
+    /// answered on the seeds.
+    #[error(
+        "no endpoint answers for an etcd cluster with any of the members pinned by {annotation} ({}); only other clusters answered ({}). Correct or remove the annotation on the KThreesControlPlane",
+        pinned.iter().map(|id| format!("{id:016x}")).collect::<Vec<_>>().join(","),
+        found.join("; "),
+        annotation = crate::api::names::ETCD_CLUSTER_MEMBERS_ANNOTATION
+    )]
+    PinnedClusterGone {
+        pinned: Vec<u64>,
+        found: Vec<String>,
+    },
 
     #[error("no healthy voting member can take over leadership from {target}")]
     NoTransferee { target: String },

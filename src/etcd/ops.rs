@@ -308,6 +308,7 @@ impl EtcdCluster {
             }
         }
         self.forget_seeds(&member.client_urls);
+        self.note_removed(member.id);
     }
 
     /// Remove `id` only if quorum allows it: snapshot, assess with the quorum

@@ -11,6 +11,13 @@
 //! deadline. Dropping the cluster kills every member (also on panic), and
 //! members get SIGKILL if the process that started them dies.
 //!
+//! A cluster is built as k3s builds one (docs/k3s.md E5): the first member
+//! bootstraps alone (`--initial-cluster-state new`, no cluster token, as
+//! k3s), and each other one is added with `MemberAdd` as a learner, started
+//! with `--initial-cluster-state existing` and promoted. Member and cluster
+//! ids are therefore derived as on k3s: a first server restarted alone on
+//! its address gets the same ones (T3).
+//!
 //! A cluster built [`partitionable`](EtcdTestClusterBuilder::partitionable)
 //! has a TCP proxy in front of every member's peer port, so that
 //! [`EtcdTestCluster::isolate`] can cut one member's raft traffic, both ways,
@@ -182,7 +189,7 @@ pub struct TestMember {
     /// How many times etcd refused this member's `MemberAdd` as transient
     /// (e.g. "unhealthy cluster": etcd adds a member only once its leader has
     /// been connected to every voter for 5 s) before accepting it; 0 for the
-    /// members a cluster starts with.
+    /// first member, which bootstraps the cluster alone.
     pub member_add_refusals: u32,
     /// Extra etcd flags of this member (e.g. a small `--quota-backend-bytes`).
     extra_args: Vec<String>,
@@ -247,13 +254,11 @@ impl TestMember {
         lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
-    fn spawn(
-        &mut self,
-        bin: &Path,
-        ca: &Path,
-        peer_ca: &Path,
-        token: &str,
-    ) -> Result<(), HarnessError> {
+    /// Start the member. No `--initial-cluster-token`: k3s sets none (its
+    /// `executor.InitialOptions` has only the advertised peer URL, the
+    /// initial cluster and its state), so etcd's default `etcd-cluster` goes
+    /// into the member id of a member bootstrapped with `new`.
+    fn spawn(&mut self, bin: &Path, ca: &Path, peer_ca: &Path) -> Result<(), HarnessError> {
         let log = File::create(self.log_path()).map_err(io("create etcd log"))?;
         let log_err = log.try_clone().map_err(io("clone etcd log"))?;
         let mut cmd = Command::new(bin);
@@ -273,8 +278,6 @@ impl TestMember {
             .arg(&self.initial_cluster)
             .arg("--initial-cluster-state")
             .arg(self.initial_state)
-            .arg("--initial-cluster-token")
-            .arg(token)
             .arg("--cert-file")
             .arg(&self.serving.cert)
             .arg("--key-file")
@@ -462,7 +465,6 @@ pub struct EtcdTestCluster {
     ca_key_file: PathBuf,
     peer_ca_file: PathBuf,
     client_files: PairFiles,
-    token: String,
     admin: EtcdCluster,
     ready_timeout: Duration,
     proxies: Option<peer_proxy::PeerProxies>,
@@ -592,14 +594,10 @@ impl EtcdTestCluster {
             member.raft_timing = opts.raft_timing;
             members.push(member);
         }
-        let initial_cluster = members
-            .iter()
-            .map(|m| format!("{}={}", m.name, m.peer_url()))
-            .collect::<Vec<_>>()
-            .join(",");
-        for m in &mut members {
-            m.initial_cluster = initial_cluster.clone();
-        }
+        // As k3s bootstraps (docs/k3s.md E2, E5): the first server alone,
+        // `new`, with itself as the whole initial cluster; the others join
+        // one by one (see below).
+        members[0].initial_cluster = format!("{}={}", members[0].name, members[0].peer_url());
         let tls = ClientTls::from_pem(
             ("server-ca.crt", pki.server_ca.pair.cert_pem.as_bytes()),
             ("client.crt", pki.client.cert_pem.as_bytes()),
@@ -629,7 +627,6 @@ impl EtcdTestCluster {
             },
         )?;
         let mut cluster = Self {
-            token: format!("k3scp-{}-{}", block.index, random_suffix()),
             pki,
             members,
             bin,
@@ -646,8 +643,10 @@ impl EtcdTestCluster {
             _block: block,
             _slot: slot,
         };
-        for i in 0..cluster.members.len() {
-            cluster.spawn(i)?;
+        cluster.spawn(0)?;
+        cluster.wait_ready().await?;
+        for i in 1..cluster.members.len() {
+            cluster.join_and_promote(i).await?;
         }
         cluster.wait_ready().await?;
         for _ in 0..opts.learners {
@@ -716,13 +715,12 @@ impl EtcdTestCluster {
     }
 
     fn spawn(&mut self, index: usize) -> Result<(), HarnessError> {
-        let (bin, ca, peer_ca, token) = (
+        let (bin, ca, peer_ca) = (
             self.bin.clone(),
             self.ca_file.clone(),
             self.peer_ca_file.clone(),
-            self.token.clone(),
         );
-        self.member_mut(index)?.spawn(&bin, &ca, &peer_ca, &token)?;
+        self.member_mut(index)?.spawn(&bin, &ca, &peer_ca)?;
         if let Some(proxies) = &self.proxies {
             proxies.set_pid(index, self.members[index].pid());
         }
@@ -861,6 +859,81 @@ impl EtcdTestCluster {
         Ok(index)
     }
 
+    /// Join member `index` as a k3s server with `server:` joins (docs/k3s.md
+    /// E2, L1): `MemberAdd` as a learner (retried while etcd refuses it as
+    /// transient: it adds a member only once its leader has been connected
+    /// to every voter for 5 s), started with `--initial-cluster-state
+    /// existing`, then promoted as soon as etcd accepts (k3s's leader does it
+    /// on its 15 s tick; see [`Self::promote`]).
+    async fn join_and_promote(&mut self, index: usize) -> Result<(), HarnessError> {
+        let (name, peer_url) = {
+            let m = self.member_mut(index)?;
+            (m.name.clone(), m.peer_url())
+        };
+        let (id, initial_cluster, refusals) = self.member_add_learner(&name, &peer_url).await?;
+        let member = &mut self.members[index];
+        member.id = id;
+        member.learner = true;
+        member.member_add_refusals = refusals;
+        member.initial_cluster = initial_cluster;
+        member.initial_state = "existing";
+        self.spawn(index)?;
+        self.promote(index).await?;
+        Ok(())
+    }
+
+    /// `MemberPromote` of learner `index`, sent to a running voter (etcd
+    /// forwards it to its leader), retried within the ready timeout while
+    /// etcd answers that the learner is not in sync yet (it has not caught up
+    /// with the leader's log, or not started) or is transiently unhealthy.
+    /// Returns the number of attempts.
+    pub async fn promote(&mut self, index: usize) -> Result<u32, HarnessError> {
+        let id = self.member_mut(index)?.id;
+        let receiver = self
+            .members
+            .iter()
+            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
+            .ok_or(HarnessError::NoMember(0))?;
+        let endpoint = self.transport.resolve(&receiver.client_url())?;
+        let deadline = Instant::now() + self.ready_timeout;
+        let mut attempts = 0;
+        loop {
+            self.check_alive(&[index])?;
+            attempts += 1;
+            let result = self
+                .admin
+                .clients
+                .call(
+                    &endpoint,
+                    "member promote",
+                    Duration::from_secs(3),
+                    |mut c| async move { c.member_promote(id).await },
+                )
+                .await;
+            let err = match result {
+                Ok(_) => {
+                    self.members[index].learner = false;
+                    return Ok(attempts);
+                }
+                Err(err) => err,
+            };
+            let retry = match &err {
+                EtcdError::Grpc { message, .. } => {
+                    message.contains("in sync") || message.contains("not enough started")
+                }
+                other => other.is_transient() || other.is_unreachable(),
+            };
+            if !retry || Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: format!("promotion of {}", self.members[index].name),
+                    after: self.ready_timeout,
+                    last: format!("{err} (after {attempts} attempt(s))"),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// What k3s does when a server whose member was removed starts again
     /// (docs/k3s.md T1, T2): the removed member's process has stopped (its
     /// tombstone); the data directory is set aside as a backup, a new member
@@ -949,7 +1022,30 @@ impl EtcdTestCluster {
         self.members[index].extra_args.retain(|a| a != FORCE);
         self.spawn(index)?;
         self.wait_alone(index, &name).await?;
+        // The harness's own handle knew three members: a lone one cannot
+        // prove the others left it, so that handle rightly refuses it
+        // (etcd::cluster::choose_cluster); start from what is there now, as
+        // a person would after a reset.
+        self.renew_admin()?;
         Ok(name)
+    }
+
+    /// Replace the harness's own engine handle with a fresh one (nothing
+    /// proven yet), seeded as at start.
+    fn renew_admin(&mut self) -> Result<(), HarnessError> {
+        let seeds: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.ip_in_serving_cert)
+            .map(TestMember::client_url)
+            .collect();
+        self.admin = EtcdCluster::with_options(
+            &seeds,
+            self.client_tls(),
+            self.transport.clone(),
+            self.admin.timeouts(),
+        )?;
+        Ok(())
     }
 
     /// Set member `index`'s data dir aside as `etcd-backup-<unix time>`, as
