@@ -23,6 +23,8 @@
 //!  U13 ... there is another machine being deleted -> other_machine_deleting_defers
 //!  U14 ... there is an healthy machine being provisioned -> healthy_machine_provisioning_defers
 //!  U15 ... healthy machine being provisioned - 4 CP (during 3 CP rolling upgrade) -> healthy_machine_provisioning_during_rollout_defers
+//!  (ours) ... but the target's member is a dead voter and no member is joining: etcd refuses the
+//!          provisioning Machine's MemberAdd until it is removed (CAPI issue #10125) -> a_dead_voter_blocks_the_provisioning_machines_join_so_it_is_remediated
 //!  U16 ... at least one additional unhealthy etcd member on a 3 machine CP -> three_machines_one_more_unhealthy_member_refuses
 //!  U17 ... at least two additional unhealthy etcd member on a 5 machine CP -> five_machines_two_more_unhealthy_members_refuses
 //!  U18 Remediation deletes unhealthy machine - 1 CP not initialized -> first_machine_not_initialized_is_remediated
