@@ -23,6 +23,8 @@
 //!  U13 ... there is another machine being deleted -> other_machine_deleting_defers
 //!  U14 ... there is an healthy machine being provisioned -> healthy_machine_provisioning_defers
 //!  U15 ... healthy machine being provisioned - 4 CP (during 3 CP rolling upgrade) -> healthy_machine_provisioning_during_rollout_defers
+//!  (ours) ... but the target's member is a dead voter and no member is joining: etcd refuses the
+//!          provisioning Machine's MemberAdd until it is removed (CAPI issue #10125) -> a_dead_voter_blocks_the_provisioning_machines_join_so_it_is_remediated
 //!  U16 ... at least one additional unhealthy etcd member on a 3 machine CP -> three_machines_one_more_unhealthy_member_refuses
 //!  U17 ... at least two additional unhealthy etcd member on a 5 machine CP -> five_machines_two_more_unhealthy_members_refuses
 //!  U18 Remediation deletes unhealthy machine - 1 CP not initialized -> first_machine_not_initialized_is_remediated
@@ -446,6 +448,69 @@ fn healthy_machine_provisioning_defers() {
         Rule::MachineProvisioning,
         REASON_REMEDIATION_DEFERRED,
         "provisioning to complete before triggering remediation (no node yet: m3)",
+    );
+}
+
+/// Cluster API issue #10125: 5 servers, 2 dead members; the first dead one
+/// was replaced, but etcd refuses the replacement's MemberAdd while the other
+/// dead member is a voter it cannot reach. Waiting for the replacement to get
+/// a node would wait forever: the dead member's Machine is remediated (4
+/// voters, 3 healthy: removing it leaves 3 of 3).
+#[test]
+fn a_dead_voter_blocks_the_provisioning_machines_join_so_it_is_remediated() {
+    let mut m6 = healthy(6);
+    m6.node_ref = None;
+    m6.etcd_member = None;
+    let d = Cp::new(vec![
+        healthy(1),
+        healthy(2),
+        healthy(3),
+        unhealthy(4),
+        m6.clone(),
+    ])
+    .members_down(&[4])
+    .decide();
+    let r = assert_remediates(&d, "m4", 0);
+    assert_eq!(r.member, Some(4));
+    // While a member is joining (a learner, or added and not started), the
+    // provisioning Machine is waited for, as before.
+    for joining in [
+        MemberView {
+            learner: true,
+            ..member(6)
+        },
+        MemberView {
+            name: String::new(),
+            ..member(6)
+        },
+    ] {
+        let d = Cp::new(vec![
+            healthy(1),
+            healthy(2),
+            healthy(3),
+            unhealthy(4),
+            m6.clone(),
+        ])
+        .members_down(&[4])
+        .add_member(joining)
+        .decide();
+        assert_waits(
+            &d,
+            "m4",
+            Rule::MachineProvisioning,
+            REASON_REMEDIATION_DEFERRED,
+            "no node yet: m6",
+        );
+    }
+    // A target whose member answers (MHC-unhealthy for another reason) does
+    // not block a join: the provisioning Machine is waited for.
+    let d = Cp::new(vec![healthy(1), healthy(2), healthy(3), unhealthy(4), m6]).decide();
+    assert_waits(
+        &d,
+        "m4",
+        Rule::MachineProvisioning,
+        REASON_REMEDIATION_DEFERRED,
+        "no node yet: m6",
     );
 }
 

@@ -397,7 +397,7 @@ fn initialized_preflight(view: &ControlPlaneView, target: &MachineView) -> Optio
         .filter(|m| !m.is_mhc_unhealthy() && m.node_ref.is_none())
         .map(|m| m.name.as_str())
         .collect();
-    if !provisioning.is_empty() {
+    if !provisioning.is_empty() && !join_blocked_by(view, target) {
         return Some((
             Rule::MachineProvisioning,
             format!(
@@ -436,6 +436,27 @@ fn initialized_preflight(view: &ControlPlaneView, target: &MachineView) -> Optio
         ));
     }
     None
+}
+
+/// Whether `target`'s member is a voter etcd cannot reach while no member
+/// is joining (no learner, no unnamed member). etcd refuses every MemberAdd,
+/// a learner's too, while its leader is not connected to every voter (the
+/// strict reconfiguration check, `isConnectedFullySince`; seen here with 3.4):
+/// a Machine still provisioning cannot join until that member is removed, so
+/// deferring the remediation for it would wait forever (Cluster API issue
+/// #10125: 5 servers, 2 dead, the first replacement never joins). The quorum
+/// check that follows still decides whether the removal is safe.
+fn join_blocked_by(view: &ControlPlaneView, target: &MachineView) -> bool {
+    let (Some(membership), Some(id)) = (view.membership(), view.current_member(target)) else {
+        return false;
+    };
+    membership
+        .members
+        .iter()
+        .all(|m| !m.learner && !m.name.is_empty())
+        && membership
+            .member(id)
+            .is_some_and(|m| m.probe_error.is_some())
 }
 
 type EtcdPlan = (Option<u64>, Option<u64>, Option<Assessment>);
