@@ -38,11 +38,14 @@ pub struct MemberView {
 /// heartbeats: a linearizable read that straddled a leadership change
 /// ("etcdserver: leader changed"), or a member promoted from learner a moment
 /// ago that has not applied its promotion yet ("etcdserver: rpc not
-/// supported for learner"). A lost quorum shows as "no leader" or timeouts,
-/// which are never taken for settling.
-pub fn is_settling_reason(reason: &str) -> bool {
+/// supported for learner"), or, while the snapshot shows a leader that the
+/// others follow, a member that has not heard of it yet ("etcdserver: no
+/// leader"). A lost quorum shows as no leader anywhere, or timeouts, which
+/// are never taken for settling.
+pub fn is_settling_reason(reason: &str, leader_observed: bool) -> bool {
     reason.contains("etcdserver: leader changed")
         || reason.contains("etcdserver: rpc not supported for learner")
+        || (leader_observed && reason.contains("etcdserver: no leader"))
 }
 
 /// A member as named in explanations: its name, or its id while unnamed
@@ -162,10 +165,13 @@ impl Assessment {
     /// of voters ([`is_settling_reason`]): no learner, no starting member, no
     /// unmapped target, and every unhealthy voter settling. Such a wait ends
     /// by itself within a few heartbeats: it is progress, not a problem.
-    pub fn only_settling(&self) -> bool {
+    pub fn only_settling(&self, leader_observed: bool) -> bool {
         !self.is_safe()
             && !self.unhealthy.is_empty()
-            && self.unhealthy.iter().all(|u| is_settling_reason(&u.reason))
+            && self
+                .unhealthy
+                .iter()
+                .all(|u| is_settling_reason(&u.reason, leader_observed))
             && self
                 .blockers
                 .iter()
@@ -396,25 +402,28 @@ mod tests {
                 false,
             ),
             (
-                "no leader is no settling",
+                "a member that has not heard of the new leader yet",
                 with(&[(2, "etcdserver: no leader")]),
-                false,
+                true,
             ),
         ];
         for (name, members, settling) in cases {
             let a = assess_removal(&members, 1);
             assert!(!a.is_safe(), "{name}: {a}");
-            assert_eq!(a.only_settling(), settling, "{name}: {a}");
+            assert_eq!(a.only_settling(true), settling, "{name}: {a}");
         }
+        // No leader anywhere: that is a lost quorum, not settling.
+        let a = assess_removal(&with(&[(2, "etcdserver: no leader")]), 1);
+        assert!(!a.only_settling(false), "{a}");
         // A learner joining is never settling, whatever the probes say.
         let mut members = with(&[(2, changed)]);
         members.push(MemberView {
             learner: true,
             ..member(4)
         });
-        assert!(!assess_removal(&members, 1).only_settling());
+        assert!(!assess_removal(&members, 1).only_settling(true));
         // Safe is not settling.
-        assert!(!assess_removal(&cluster(3, &[]), 1).only_settling());
+        assert!(!assess_removal(&cluster(3, &[]), 1).only_settling(true));
     }
 
     #[test]

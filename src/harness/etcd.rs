@@ -845,6 +845,11 @@ impl EtcdTestCluster {
         if let Some(first) = self.members.first() {
             member.raft_timing = first.raft_timing;
         }
+        // A joining k3s server asks the cluster with a client of its own: a
+        // handle that last looked before others removed members (the
+        // controller, a person) would rightly refuse the smaller cluster as
+        // not the one it proved.
+        self.renew_admin()?;
         let (id, initial_cluster, refusals) = self
             .member_add_learner(&member.name, &member.peer_url())
             .await?;

@@ -481,7 +481,7 @@ pub fn etcd_removal_plan(
         EtcdState::Observed(m) => m,
     };
     let at_risk = |assessment: &Assessment| {
-        if assessment.only_settling() {
+        if assessment.only_settling(membership.leader.is_some()) {
             Rule::EtcdSettling
         } else {
             Rule::EtcdQuorumAtRisk

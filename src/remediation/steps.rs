@@ -310,8 +310,8 @@ fn wait(reason: WaitReason, message: String) -> Step {
 
 /// A wait on quorum: settling (progress) when only a leadership or voter
 /// change in passing makes it unsafe, else quorum at risk.
-fn quorum_wait(assessment: &quorum::Assessment, message: String) -> Step {
-    if assessment.only_settling() {
+fn quorum_wait(membership: &Membership, assessment: &quorum::Assessment, message: String) -> Step {
+    if assessment.only_settling(membership.leader.is_some()) {
         wait(
             WaitReason::EtcdSettling,
             format!("{message} (etcd is settling after a change of leader or voters)"),
@@ -568,6 +568,7 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
     };
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
         return Some(quorum_wait(
+            membership,
             &standing,
             format!(
                 "not deleting {} now: etcd has lost quorum: {standing}",
@@ -586,6 +587,7 @@ fn deletion_guard(view: &ControlPlaneView, target: &MachineView) -> Option<Step>
         return None;
     }
     Some(quorum_wait(
+        membership,
         &assessment,
         format!("not deleting {} now: {assessment}", target.name),
     ))
@@ -660,6 +662,7 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
     }
     if let Some(standing) = quorum::quorum_lost(&membership.members) {
         return Some(quorum_wait(
+            membership,
             &standing,
             format!(
                 "not removing the member of {} now: etcd has lost quorum: {standing}",
@@ -670,6 +673,7 @@ fn member_removal_step(view: &ControlPlaneView, target: &MachineView) -> Option<
     let assessment = quorum::assess_removal(&membership.members, member);
     if !assessment.is_safe() {
         return Some(quorum_wait(
+            membership,
             &assessment,
             format!(
                 "not removing the member of {} now: {assessment}",

@@ -197,10 +197,9 @@ fn etcd_settled(view: &ControlPlaneView) -> Result<(), Failure> {
                 .collect();
             if let Some((m, why)) = unhealthy.first() {
                 // Only settling after a change of leader or voters: progress.
-                let check = if unhealthy
-                    .iter()
-                    .all(|(_, why)| crate::quorum::is_settling_reason(why))
-                {
+                let check = if unhealthy.iter().all(|(_, why)| {
+                    crate::quorum::is_settling_reason(why, membership.leader.is_some())
+                }) {
                     Check::EtcdSettling
                 } else {
                     Check::EtcdMemberUnhealthy
