@@ -4,6 +4,8 @@
 //! A second table does the same for `spec.version` changes on UPDATE (the
 //! transition rules, CEL `oldSelf`).
 
+mod docker_support;
+
 use k3s_control_plane::api::kcp::{
     KThreesControlPlaneMachineTemplate, RemediationStrategy, VERSION_MAX_LENGTH,
 };
@@ -520,7 +522,10 @@ async fn api_server(test: &str) -> Option<kube::Api<KThreesControlPlane>> {
     use kube::runtime::wait::{await_condition, conditions};
 
     if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!("{test} skipped: KUBECONFIG is not set, no real API server to ask");
+        docker_support::skip(
+            test,
+            "KUBECONFIG is not set, no real API server to ask (none can be installed here)",
+        );
         return None;
     }
     k3s_control_plane::install_crypto_provider();
