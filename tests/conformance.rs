@@ -6,6 +6,8 @@
 #[path = "conformance/support.rs"]
 mod support;
 
+#[path = "conformance/clients.rs"]
+mod clients;
 #[path = "conformance/crud.rs"]
 mod crud;
 #[path = "conformance/deletion.rs"]

@@ -1,4 +1,4 @@
-//! Discovery documents: `/version`, `/api`, `/apis`, and the per-group-version resource lists.
+//! Discovery documents: `/` (the path list), `/version`, `/api`, `/apis`, and the per-group-version resource lists.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,21 @@ use super::resource::Registry;
 /// The discovery document for these path segments, if the path is a discovery path.
 pub fn document(registry: &Registry, segments: &[&str]) -> Option<Value> {
     match segments {
+        // A real API server lists its paths at `/` (Cluster API's ClusterCache
+        // probes a workload cluster with `GET /` before it uses it).
+        [] => {
+            let mut paths = vec![
+                "/api".to_string(),
+                "/api/v1".to_string(),
+                "/apis".to_string(),
+            ];
+            for (g, vs) in groups(registry) {
+                paths.push(format!("/apis/{g}"));
+                paths.extend(vs.iter().map(|v| format!("/apis/{g}/{v}")));
+            }
+            paths.push("/version".to_string());
+            Some(json!({"paths": paths}))
+        }
         ["version"] => Some(json!({
             "major": "1", "minor": "34", "gitVersion": "v1.34.0-k3s-control-plane-test",
             "gitCommit": "", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",

@@ -14,6 +14,7 @@ mod load;
 mod meta;
 mod patch;
 mod portforward;
+mod protobuf;
 mod requests;
 mod resource;
 mod routes;

@@ -410,6 +410,12 @@ fn delete_options(
 ) -> Result<DeleteOptions, ApiError> {
     let opts: Value = if body.is_empty() {
         json!({})
+    } else if is_protobuf(headers) {
+        // controller-runtime sends DeleteOptions of built-in kinds as protobuf
+        // (client-go does not fall back to JSON on a 415 for protobuf).
+        super::protobuf::delete_options(body).ok_or_else(|| {
+            ApiError::BadRequest("the protobuf DeleteOptions body could not be decoded".into())
+        })?
     } else {
         parse_body(headers, body)?
     };
@@ -450,8 +456,17 @@ fn delete_options(
     })
 }
 
-/// A create/update/delete body: JSON (or YAML); protobuf and CBOR get 415, on which
-/// client-go (kubectl) retries with JSON.
+fn is_protobuf(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().starts_with("application/vnd.kubernetes.protobuf"))
+}
+
+/// A create/update/delete body: JSON (or YAML); CBOR gets 415, on which
+/// client-go retries with JSON; protobuf gets 415 too, except a DELETE's
+/// `DeleteOptions` (see `delete_options`): client-go does not fall back from
+/// protobuf, and controller-runtime sends protobuf for built-in kinds.
 fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
