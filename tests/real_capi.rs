@@ -26,6 +26,8 @@
 //! `<prefix>-<scenario>`, so CAPI's manager must watch them all). docs/api.md,
 //! "Checked with Cluster API's real Machine controller", records a run.
 
+mod docker_support;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -219,7 +221,12 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_member_is_removed() {
     let _one = ONE_AT_A_TIME.lock().await;
-    person_deletes_the_leaders_machine("leader", None).await;
+    person_deletes_the_leaders_machine(
+        "real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_member_is_removed",
+        "leader",
+        None,
+    )
+    .await;
 }
 
 /// The hook is what holds the deletion, not our controller's speed: with our
@@ -229,16 +236,28 @@ async fn real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_mem
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_capi_waits_on_the_hook_while_our_controller_is_down() {
     let _one = ONE_AT_A_TIME.lock().await;
-    person_deletes_the_leaders_machine("down", Some(Duration::from_secs(20))).await;
+    person_deletes_the_leaders_machine(
+        "real_capi_waits_on_the_hook_while_our_controller_is_down",
+        "down",
+        Some(Duration::from_secs(20)),
+    )
+    .await;
 }
 
 /// `controller_down`: stop our controller before the deletion and start it
 /// again this long after.
-async fn person_deletes_the_leaders_machine(suffix: &str, controller_down: Option<Duration>) {
+async fn person_deletes_the_leaders_machine(
+    test: &str,
+    suffix: &str,
+    controller_down: Option<Duration>,
+) {
     let Ok(path) = std::env::var(KUBECONFIG_ENV) else {
-        println!(
-            "skipped: {KUBECONFIG_ENV} is not set (it names the kubeconfig of a management API \
-             server running Cluster API's core manager, with CAPI's and the KThreesConfig CRDs installed)"
+        docker_support::skip(
+            test,
+            &format!(
+                "{KUBECONFIG_ENV} is not set (it names the kubeconfig of a management API server \
+                 running Cluster API's core manager, with CAPI's and the KThreesConfig CRDs installed)"
+            ),
         );
         return;
     };
