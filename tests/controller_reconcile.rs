@@ -273,7 +273,7 @@ async fn a_step_decided_on_a_stale_observation_is_refused_and_writes_nothing() {
     let (world, etcd) = observe(&ctx, (*kcp(&sandbox).await).clone()).await.unwrap();
     let planned = plan(&world).unwrap();
     assert!(
-        matches!(&planned.action, Action::AddHooks { machines } if machines == &[target.clone()]),
+        matches!(&planned.action, Action::AddHooks { machines } if machines == std::slice::from_ref(&target)),
         "{:?}",
         planned.action
     );

@@ -753,7 +753,7 @@ fn the_quorum_sampler_counts_every_sample() {
         unseen: vec![],
         limit: ms(12_000),
     };
-    let ok = |r: &Record| r.check_quorum().map(|_| ()).map_err(|e| e);
+    let ok = |r: &Record| r.check_quorum().map(|_| ());
     // 2 of 3 has quorum; 2 of 4 does not.
     assert!(ok(&record(vec![sample(0, Some(1), 2, 3)])).is_ok());
     let two_of_four = ok(&record(vec![

@@ -987,13 +987,14 @@ mod tests {
     fn which_cluster_is_ours_table() {
         let pin = |ids: &[u64]| -> BTreeSet<u64> { ids.iter().copied().collect() };
         // (situation, pinned, known, answers in the order they came, verdict)
-        let cases: Vec<(
-            &str,
+        type Case<'a> = (
+            &'a str,
             Option<BTreeSet<u64>>,
             Option<KnownCluster>,
             Vec<MemberList>,
             Verdict,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 "a fresh handle: the first server restarted alone (same cluster id, its old member id) loses to the real cluster",
                 None,

@@ -287,11 +287,7 @@ impl Record {
                         .iter()
                         .filter(|(_, leader)| *leader == id)
                         .map(|(member, _)| {
-                            format!(
-                                "{} at {:?}",
-                                s.name_of(*member).unwrap_or("?").to_string(),
-                                s.at
-                            )
+                            format!("{} at {:?}", s.name_of(*member).unwrap_or("?"), s.at)
                         })
                 })
                 .collect();
@@ -319,10 +315,10 @@ impl Record {
             .iter()
             .filter(|s| s.listed.iter().any(|(_, n)| n == name))
         {
-            if let Some(leader) = s.leader.and_then(|l| s.name_of(l)) {
-                if leaders.last().map(String::as_str) != Some(leader) {
-                    leaders.push(leader.to_string());
-                }
+            if let Some(leader) = s.leader.and_then(|l| s.name_of(l))
+                && leaders.last().map(String::as_str) != Some(leader)
+            {
+                leaders.push(leader.to_string());
             }
         }
         leaders
