@@ -359,7 +359,6 @@ async fn drive_infrastructure(
     done: impl Fn(&[Machine], &SeenMembers) -> bool,
 ) -> Duration {
     let started = Instant::now();
-    let admin = sandbox.etcd.connect();
     let mut refused = 0;
     loop {
         // A server whose join etcd refuses (a voter it cannot reach: "unhealthy
@@ -373,7 +372,11 @@ async fn drive_infrastructure(
             );
         }
         let all = machines(sandbox).await;
-        let etcd = seen_members(&admin).await;
+        // A fresh handle each time, as a person runs etcdctl: this loop looks
+        // only every few seconds, and a handle that last looked before two
+        // removals by others rightly refuses the smaller cluster as not the
+        // one it proved (docs/etcd.md, "Which cluster is ours").
+        let etcd = seen_members(&sandbox.etcd.connect()).await;
         if let Some(etcd) = &etcd
             && done(&all, etcd)
         {

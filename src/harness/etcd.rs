@@ -850,15 +850,11 @@ impl EtcdTestCluster {
         // controller, a person) would rightly refuse the smaller cluster as
         // not the one it proved.
         self.renew_admin()?;
-        let (id, initial_cluster, refusals) = self
-            .member_add_learner(&member.name, &member.peer_url())
-            .await?;
-        member.id = id;
-        member.learner = true;
-        member.member_add_refusals = refusals;
-        member.initial_cluster = initial_cluster;
-        member.initial_state = "existing";
         self.members.push(member);
+        if let Err(e) = self.add_as_learner(index).await {
+            self.members.pop();
+            return Err(e);
+        }
         self.spawn(index)?;
         self.wait_learner_started(index).await?;
         Ok(index)
@@ -871,6 +867,16 @@ impl EtcdTestCluster {
     /// existing`, then promoted as soon as etcd accepts (k3s's leader does it
     /// on its 15 s tick; see [`Self::promote`]).
     async fn join_and_promote(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.add_as_learner(index).await?;
+        self.spawn(index)?;
+        self.promote(index).await?;
+        Ok(())
+    }
+
+    /// `MemberAdd` of member `index` (in the list, not started) as a learner,
+    /// recorded as etcd answered: its id, the initial cluster to start it
+    /// with (`existing`), and how often etcd refused first.
+    async fn add_as_learner(&mut self, index: usize) -> Result<(), HarnessError> {
         let (name, peer_url) = {
             let m = self.member_mut(index)?;
             (m.name.clone(), m.peer_url())
@@ -882,8 +888,6 @@ impl EtcdTestCluster {
         member.member_add_refusals = refusals;
         member.initial_cluster = initial_cluster;
         member.initial_state = "existing";
-        self.spawn(index)?;
-        self.promote(index).await?;
         Ok(())
     }
 
@@ -951,14 +955,7 @@ impl EtcdTestCluster {
         }
         self.set_data_aside(index)?;
         let name = self.rename(index)?;
-        let peer_url = self.members[index].peer_url();
-        let (id, initial_cluster, refusals) = self.member_add_learner(&name, &peer_url).await?;
-        let member = &mut self.members[index];
-        member.id = id;
-        member.learner = true;
-        member.member_add_refusals = refusals;
-        member.initial_cluster = initial_cluster;
-        member.initial_state = "existing";
+        self.add_as_learner(index).await?;
         self.spawn(index)?;
         self.wait_learner_started(index).await?;
         Ok(name)
