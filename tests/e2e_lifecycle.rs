@@ -833,26 +833,6 @@ async fn a_lost_or_broken_etcd_secret_blocks_every_removal() {
     controller.stop().await;
 }
 
-/// Every Warning Event about the control plane so far, as "reason: note".
-async fn warnings(sandbox: &Sandbox) -> Vec<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(sandbox.client(), NAMESPACE);
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning"))
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e.reason.unwrap_or_default(),
-                e.note.unwrap_or_default()
-            )
-        })
-        .collect()
-}
-
 /// `k3scp_remediations_total` by outcome.
 fn remediation_counts(ctx: &k3s_control_plane::controller::Context) -> Vec<(String, u64)> {
     let mut counts: Vec<(String, u64)> = [
@@ -976,7 +956,7 @@ async fn a_healthy_life_emits_no_warning_and_counts_one_remediation() {
         .await
         .unwrap();
 
-    let warned = warnings(&sandbox).await;
+    let warned = e2e_support::warning_events(&sandbox).await;
     assert!(
         warned.is_empty(),
         "Warning Events in a healthy life: {warned:#?}"

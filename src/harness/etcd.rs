@@ -873,6 +873,17 @@ impl EtcdTestCluster {
         Ok(())
     }
 
+    /// The endpoint of a running voter of this cluster (not a learner, not a
+    /// member restarted as a cluster of its own): where membership requests go.
+    fn running_voter_endpoint(&self) -> Result<crate::etcd::transport::EtcdEndpoint, HarnessError> {
+        let receiver = self
+            .members
+            .iter()
+            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
+            .ok_or(HarnessError::NoMember(0))?;
+        Ok(self.transport.resolve(&receiver.client_url())?)
+    }
+
     /// `MemberAdd` of member `index` (in the list, not started) as a learner,
     /// recorded as etcd answered: its id, the initial cluster to start it
     /// with (`existing`), and how often etcd refused first.
@@ -898,12 +909,7 @@ impl EtcdTestCluster {
     /// Returns the number of attempts.
     pub async fn promote(&mut self, index: usize) -> Result<u32, HarnessError> {
         let id = self.member_mut(index)?.id;
-        let receiver = self
-            .members
-            .iter()
-            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
-            .ok_or(HarnessError::NoMember(0))?;
-        let endpoint = self.transport.resolve(&receiver.client_url())?;
+        let endpoint = self.running_voter_endpoint()?;
         let deadline = Instant::now() + self.ready_timeout;
         let mut attempts = 0;
         loop {
@@ -1147,12 +1153,7 @@ impl EtcdTestCluster {
                 }
             }
         }
-        let receiver = self
-            .members
-            .iter()
-            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
-            .ok_or(HarnessError::NoMember(0))?;
-        let endpoint = self.transport.resolve(&receiver.client_url())?;
+        let endpoint = self.running_voter_endpoint()?;
         let deadline = Instant::now() + self.ready_timeout;
         let mut refusals = 0;
         let added = loop {

@@ -107,6 +107,27 @@ pub async fn event_count(sandbox: &Sandbox, reason: &str) -> usize {
         .sum()
 }
 
+/// Every Warning Event in the namespace so far, as "reason (regarding): note":
+/// a healthy life has none.
+pub async fn warning_events(sandbox: &Sandbox) -> Vec<String> {
+    let api: Api<Event> = Api::namespaced(sandbox.client(), NAMESPACE);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| {
+            format!(
+                "{} ({}): {}",
+                e.reason.unwrap_or_default(),
+                e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// events.k8s.io/v1 Events with `reason` regarding the control plane.
 pub async fn events(sandbox: &Sandbox, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(sandbox.client(), NAMESPACE);
