@@ -49,7 +49,7 @@ async fn run(max_surge: i32) -> DriveRecord {
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {
                 "version": NEW_VERSION,
-                "rolloutStrategy": {"rollingUpdate": {"maxSurge": max_surge}}
+                "rollout": {"strategy": {"rollingUpdate": {"maxSurge": max_surge}}}
             }})),
         )
         .await

@@ -91,7 +91,7 @@ async fn ready_once_the_management_api_serves_our_kind_and_metrics_count_reconci
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                 "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                 "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
     }))
     .unwrap();
     let kcps: kube::Api<KThreesControlPlane> = kube::Api::namespaced(server.client(), "default");

@@ -323,7 +323,7 @@ async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                 "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                 "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
     }))
     .unwrap();
     let kcps: Api<KThreesControlPlane> = Api::namespaced(server.client(), "default");

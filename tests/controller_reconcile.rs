@@ -154,9 +154,9 @@ async fn a_bad_infrastructure_reference_fails_naming_the_object_and_field() {
     let sandbox = Sandbox::start(3).await.unwrap();
     let ctx = sandbox.context();
     // Scale up with an infrastructureRef that names no template kind.
-    let patch = json!({"spec": {"replicas": 5, "machineTemplate": {"infrastructureRef": {
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachine",
-        "name": "demo-control-plane-template", "namespace": "default"}}}});
+    let patch = json!({"spec": {"replicas": 5, "machineTemplate": {"spec": {"infrastructureRef": {
+        "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine",
+        "name": "demo-control-plane-template"}}}}});
     sandbox
         .kcp_api()
         .patch(KCP, &PatchParams::default(), &Patch::Merge(patch))

@@ -232,7 +232,13 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::InfrastructureRefRequired => "infrastructureRef",
             Rule::MaxRetryNotNegative => ">= 0",
             Rule::CertificatesExpiryDaysAtLeastSeven => ">= 7",
-            Rule::RetryPeriodDuration | Rule::MinHealthyPeriodDuration => "duration(self)",
+            Rule::RetryPeriodNotNegative
+            | Rule::MinHealthyPeriodNotNegative
+            | Rule::NodeDrainTimeoutNotNegative
+            | Rule::NodeVolumeDetachTimeoutNotNegative
+            | Rule::NodeDeletionTimeoutNotNegative => ">= 0",
+            Rule::ReadinessGatePolarity => "'Positive', 'Negative'",
+            Rule::MachineNamingHasRandom => "{{ .random }}",
             Rule::MaxSurgeZeroOrOne => "string(self) in ['0', '1']",
             Rule::RolloutTypeRollingUpdate => "'RollingUpdate'",
             Rule::VersionNoDowngrade => "oldSelf.contains('-')",
@@ -250,9 +256,13 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
     }
     // The CEL patterns are the validator's patterns (escaped for a CEL string).
     let cel_escaped = |pattern: &str| format!("self.matches('{}')", pattern.replace('\\', "\\\\"));
+    // The served v1beta2 keeps its Go durations, checked by the same pattern.
+    assert_eq!(crd["spec"]["versions"][1]["name"], "v1beta2");
+    let mut v1beta2_rules = Vec::new();
+    cel_rules(&crd["spec"]["versions"][1]["schema"], &mut v1beta2_rules);
     let duration = cel_escaped(k3s_control_plane::api::refs::GO_DURATION_PATTERN);
     assert_eq!(
-        rules.iter().filter(|(r, _)| r.contains(&duration)).count(),
+        v1beta2_rules.iter().filter(|(r, _)| r.contains(&duration)).count(),
         2,
         "{duration}"
     );

@@ -2,7 +2,7 @@
 //! certificates (signed by the cluster's etcd CA) live 10 minutes; the
 //! controller sees their expiry in the handshakes it makes anyway, tells CAPI
 //! (the KThreesConfig annotation), says so (condition, metric), and rolls the
-//! Machines out only when `rolloutBefore.certificatesExpiryDays` asks; a value
+//! Machines out only when `rollout.before.certificatesExpiryDays` asks; a value
 //! set by hand on a Machine wins over what was seen.
 
 mod e2e_support;
@@ -90,7 +90,7 @@ async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_ask
         "the hand-set value is far: {expiring}"
     );
     assert!(
-        expiring.contains("set spec.rolloutBefore.certificatesExpiryDays"),
+        expiring.contains("set spec.rollout.before.certificatesExpiryDays"),
         "{expiring}"
     );
     // Told to CAPI on the config, as KubeadmControlPlane does.
@@ -143,7 +143,7 @@ async fn expiring_serving_certificates_are_reported_and_rolled_out_only_when_ask
     // their certificates and a replacement is made; the hand-set one is not.
     patch_kcp_spec(
         &sandbox,
-        json!({"rolloutBefore": {"certificatesExpiryDays": 7}}),
+        json!({"rollout": {"before": {"certificatesExpiryDays": 7}}}),
     )
     .await;
     let outdated = sandbox

@@ -158,7 +158,7 @@ async fn a_control_plane_comes_up_from_nothing_one_server_at_a_time() {
             KCP,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"machineTemplate": {
-                "nodeDrainTimeout": "30s", "nodeDeletionTimeout": "2m",
+                "spec": {"deletion": {"nodeDrainTimeoutSeconds": 30, "nodeDeletionTimeoutSeconds": 120}},
                 "metadata": {"labels": {"team": "platform"}, "annotations": {"note": "cp"}}
             }}})),
         )

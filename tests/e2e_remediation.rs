@@ -358,7 +358,7 @@ async fn removal_that_would_lose_quorum_is_refused_until_the_stopped_member_retu
     controller.stop().await;
 }
 
-/// `remediationStrategy {maxRetry: 1, retryPeriod: 1h}` over a real sequence:
+/// `remediation {maxRetry: 1, retryPeriodSeconds: 3600}` over a real sequence:
 /// a machine is remediated (retry 0); its replacement fails too and is
 /// deferred for the retry period (upstream's message); with the period
 /// shortened to 0s it is remediated (retry 1); the next replacement failing is
@@ -372,7 +372,7 @@ async fn max_retry_and_retry_period_are_honoured_over_a_real_sequence() {
     let before = snapshot(&sandbox, &admin).await;
     patch_kcp_spec(
         &sandbox,
-        serde_json::json!({"remediationStrategy": {"maxRetry": 1, "retryPeriod": "1h", "minHealthyPeriod": "1h"}}),
+        serde_json::json!({"remediation": {"maxRetry": 1, "retryPeriodSeconds": 3600, "minHealthyPeriodSeconds": 3600}}),
     )
     .await;
     let first = sandbox.machines[2].clone();
@@ -403,7 +403,7 @@ async fn max_retry_and_retry_period_are_honoured_over_a_real_sequence() {
     // Retry period over: retry 1.
     patch_kcp_spec(
         &sandbox,
-        serde_json::json!({"remediationStrategy": {"retryPeriod": "0s"}}),
+        serde_json::json!({"remediation": {"retryPeriodSeconds": 0}}),
     )
     .await;
     let r2 = wait_replaced(&sandbox, &r1).await;

@@ -164,7 +164,7 @@ async fn upgrade(max_surge: i32, crash_after_every_step: bool) {
     let members = original_members(&sandbox).await;
     patch_kcp_spec(
         &sandbox,
-        json!({"version": NEW_VERSION, "rolloutStrategy": {"rollingUpdate": {"maxSurge": max_surge}}}),
+        json!({"version": NEW_VERSION, "rollout": {"strategy": {"rollingUpdate": {"maxSurge": max_surge}}}}),
     )
     .await;
     let record = drive_until(
@@ -291,7 +291,7 @@ async fn rollout_after_in_the_past_rolls_once() {
         .unwrap();
     patch_kcp_spec(
         &sandbox,
-        json!({"rolloutAfter": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}),
+        json!({"rollout": {"after": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}}),
     )
     .await;
     let drive = Drive {

@@ -139,7 +139,7 @@ async fn template_metadata_and_timeouts_reach_machines_in_place_and_removed_keys
         &sandbox,
         json!({"machineTemplate": {
             "metadata": {"labels": {LABEL: "blue"}, "annotations": {ANNOTATION: "ops@example.com"}},
-            "nodeDrainTimeout": "45s",
+            "spec": {"deletion": {"nodeDrainTimeoutSeconds": 45}},
         }}),
     )
     .await;

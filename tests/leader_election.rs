@@ -178,7 +178,7 @@ async fn create_kcp(server: &TestApiServer) -> Api<KThreesControlPlane> {
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                 "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                 "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
     }))
     .unwrap();
     let kcps: Api<KThreesControlPlane> = Api::namespaced(server.client(), "default");
@@ -637,7 +637,7 @@ async fn a_replica_told_to_stop_at_any_moment_exits_within_a_second_and_releases
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
             "metadata": {"name": format!("cp-{i}"), "namespace": "default"},
             "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
         }))
         .unwrap();
         kcps.create(&Default::default(), &kcp).await.unwrap();

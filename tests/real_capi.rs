@@ -167,9 +167,6 @@ fn secret(ns: &str, name: String, data: BTreeMap<String, String>) -> Secret {
 fn in_namespace<T: serde::Serialize + serde::de::DeserializeOwned>(object: T, ns: &str) -> T {
     let mut value = serde_json::to_value(object).unwrap();
     value["metadata"]["namespace"] = json!(ns);
-    if let Some(r) = value.pointer_mut("/spec/machineTemplate/infrastructureRef") {
-        r["namespace"] = json!(ns);
-    }
     serde_json::from_value(value).unwrap()
 }
 

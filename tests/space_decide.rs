@@ -27,10 +27,10 @@ fn kcp() -> KThreesControlPlane {
                      "annotations": {"controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes": "100Mi"}},
         "spec": {
             "replicas": 3, "version": "v1.30.2+k3s2",
-            "machineTemplate": {"infrastructureRef": {
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"
-            }}
+            "machineTemplate": {"spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io",
+                "kind": "DockerMachineTemplate", "name": "t"
+            }}}
         },
         "status": {"initialized": true}
     }))

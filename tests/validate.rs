@@ -7,15 +7,14 @@
 mod docker_support;
 
 use k3s_control_plane::api::kcp::{
-    KThreesControlPlaneMachineTemplate, RemediationStrategy, VERSION_MAX_LENGTH,
+    KThreesControlPlaneRemediation, MachineReadinessGate, VERSION_MAX_LENGTH,
 };
-use k3s_control_plane::api::refs::GoDuration;
+use k3s_control_plane::api::refs::ContractVersionedObjectReference;
 use k3s_control_plane::api::validate::Rule;
 use k3s_control_plane::api::{
     KThreesControlPlane, KThreesControlPlaneSpec, check_version_change, validate_kcp,
     validate_kcp_update,
 };
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResourceExt;
 use serde_json::Value;
@@ -27,30 +26,24 @@ fn good() -> KThreesControlPlane {
             replicas: Some(3),
             version: "v1.30.2+k3s2".into(),
             kthrees_config_spec: Default::default(),
-            rollout_after: None,
-            rollout_before: None,
-            machine_template: KThreesControlPlaneMachineTemplate {
-                infrastructure_ref: Some(ObjectReference {
-                    api_version: Some("infrastructure.cluster.x-k8s.io/v1beta1".into()),
-                    kind: Some("DockerMachineTemplate".into()),
-                    name: Some("cp-template".into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            remediation_strategy: None,
-            rollout_strategy: None,
+            machine_template: Default::default(),
+            rollout: Default::default(),
+            remediation: Default::default(),
+            machine_naming: Default::default(),
             external_datastore: None,
         },
     );
+    kcp.spec.machine_template.spec.infrastructure_ref = ContractVersionedObjectReference {
+        api_group: "infrastructure.cluster.x-k8s.io".into(),
+        kind: "DockerMachineTemplate".into(),
+        name: "cp-template".into(),
+    };
     kcp.metadata.namespace = Some("team-a".into());
     kcp
 }
 
-fn strategy(kcp: &mut KThreesControlPlane) -> &mut RemediationStrategy {
-    kcp.spec
-        .remediation_strategy
-        .get_or_insert_with(Default::default)
+fn strategy(kcp: &mut KThreesControlPlane) -> &mut KThreesControlPlaneRemediation {
+    &mut kcp.spec.remediation
 }
 
 /// A version of exactly `VERSION_MAX_LENGTH` characters that the pattern accepts.
@@ -68,18 +61,15 @@ fn longest_accepted_version_is_the_schema_max_length() {
 
 fn max_surge(kcp: &mut KThreesControlPlane, value: IntOrString) {
     kcp.spec
-        .rollout_strategy
-        .get_or_insert_with(Default::default)
+        .rollout
+        .strategy
         .rolling_update
         .get_or_insert_with(Default::default)
         .max_surge = Some(value);
 }
 
 fn rollout_type(kcp: &mut KThreesControlPlane, value: &str) {
-    kcp.spec
-        .rollout_strategy
-        .get_or_insert_with(Default::default)
-        .type_ = Some(value.into());
+    kcp.spec.rollout.strategy.type_ = Some(value.into());
 }
 
 type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
@@ -141,12 +131,12 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         (
-            "remediation_strategy_with_valid_durations",
+            "remediation_with_valid_periods",
             |k| {
                 let s = strategy(k);
                 s.max_retry = Some(0);
-                s.retry_period = Some(GoDuration::new("0s"));
-                s.min_healthy_period = Some(GoDuration::new("1h30m"));
+                s.retry_period_seconds = Some(0);
+                s.min_healthy_period_seconds = Some(5400);
             },
             &[],
         ),
@@ -213,28 +203,17 @@ fn cases() -> Vec<Case> {
         ),
         (
             "missing_infrastructure_ref",
-            |k| k.spec.machine_template.infrastructure_ref = None,
+            |k| k.spec.machine_template.spec.infrastructure_ref = Default::default(),
             &[Rule::InfrastructureRefRequired],
         ),
         (
             "infrastructure_ref_without_name",
-            |k| {
-                k.spec
-                    .machine_template
-                    .infrastructure_ref
-                    .as_mut()
-                    .unwrap()
-                    .name = None;
-            },
+            |k| k.spec.machine_template.spec.infrastructure_ref.name = String::new(),
             &[Rule::InfrastructureRefRequired],
         ),
         (
             "certificates_expiry_days_below_seven",
-            |k| {
-                k.spec.rollout_before = Some(k3s_control_plane::api::kcp::RolloutBefore {
-                    certificates_expiry_days: Some(6),
-                })
-            },
+            |k| k.spec.rollout.before.certificates_expiry_days = Some(6),
             &[Rule::CertificatesExpiryDaysAtLeastSeven],
         ),
         (
@@ -244,41 +223,78 @@ fn cases() -> Vec<Case> {
         ),
         (
             "negative_retry_period",
-            |k| strategy(k).retry_period = Some(GoDuration::new("-1m")),
-            &[Rule::RetryPeriodDuration],
+            |k| strategy(k).retry_period_seconds = Some(-60),
+            &[Rule::RetryPeriodNotNegative],
         ),
         (
-            "min_healthy_period_in_words",
-            |k| strategy(k).min_healthy_period = Some(GoDuration::new("1 hour")),
-            &[Rule::MinHealthyPeriodDuration],
+            "negative_min_healthy_period",
+            |k| strategy(k).min_healthy_period_seconds = Some(-1),
+            &[Rule::MinHealthyPeriodNotNegative],
         ),
         (
-            "min_healthy_period_in_days",
-            |k| strategy(k).min_healthy_period = Some(GoDuration::new("1d")),
-            &[Rule::MinHealthyPeriodDuration],
-        ),
-        (
-            "retry_period_unit_without_number",
-            |k| strategy(k).retry_period = Some(GoDuration::new("h")),
-            &[Rule::RetryPeriodDuration],
-        ),
-        (
-            "min_healthy_period_empty",
-            |k| strategy(k).min_healthy_period = Some(GoDuration::new("")),
-            &[Rule::MinHealthyPeriodDuration],
-        ),
-        (
-            "fractional_and_compound_durations",
+            "deletion_timeouts_of_zero_mean_no_limit",
             |k| {
-                let s = strategy(k);
-                s.retry_period = Some(GoDuration::new(".5h"));
-                s.min_healthy_period = Some(GoDuration::new("1h30m15.5s"));
+                let d = &mut k.spec.machine_template.spec.deletion;
+                d.node_drain_timeout_seconds = Some(0);
+                d.node_volume_detach_timeout_seconds = Some(0);
+                d.node_deletion_timeout_seconds = Some(0);
             },
             &[],
         ),
         (
+            "negative_node_drain_timeout",
+            |k| k.spec.machine_template.spec.deletion.node_drain_timeout_seconds = Some(-1),
+            &[Rule::NodeDrainTimeoutNotNegative],
+        ),
+        (
+            "negative_node_volume_detach_timeout",
+            |k| k.spec.machine_template.spec.deletion.node_volume_detach_timeout_seconds = Some(-1),
+            &[Rule::NodeVolumeDetachTimeoutNotNegative],
+        ),
+        (
+            "negative_node_deletion_timeout",
+            |k| k.spec.machine_template.spec.deletion.node_deletion_timeout_seconds = Some(-1),
+            &[Rule::NodeDeletionTimeoutNotNegative],
+        ),
+        (
+            "readiness_gates_of_both_polarities",
+            |k| {
+                k.spec.machine_template.spec.readiness_gates = vec![
+                    MachineReadinessGate {
+                        condition_type: "NetworkReady".into(),
+                        polarity: None,
+                    },
+                    MachineReadinessGate {
+                        condition_type: "DiskPressure".into(),
+                        polarity: Some("Negative".into()),
+                    },
+                ]
+            },
+            &[],
+        ),
+        (
+            "readiness_gate_of_another_polarity",
+            |k| {
+                k.spec.machine_template.spec.readiness_gates = vec![MachineReadinessGate {
+                    condition_type: "NetworkReady".into(),
+                    polarity: Some("Sideways".into()),
+                }]
+            },
+            &[Rule::ReadinessGatePolarity],
+        ),
+        (
+            "machine_naming_with_random",
+            |k| k.spec.machine_naming.template = Some("{{ .kthreesControlPlane.name }}-cp-{{ .random }}".into()),
+            &[],
+        ),
+        (
+            "machine_naming_without_random",
+            |k| k.spec.machine_naming.template = Some("{{ .kthreesControlPlane.name }}-cp".into()),
+            &[Rule::MachineNamingHasRandom],
+        ),
+        (
             "empty_rollout_strategy",
-            |k| k.spec.rollout_strategy = Some(Default::default()),
+            |k| k.spec.rollout.strategy = Default::default(),
             &[],
         ),
         (
@@ -341,7 +357,7 @@ fn cases() -> Vec<Case> {
             |k| {
                 k.spec.version = "latest".into();
                 k.spec.replicas = Some(2);
-                k.spec.machine_template.infrastructure_ref = None;
+                k.spec.machine_template.spec.infrastructure_ref = Default::default();
             },
             &[
                 Rule::VersionFormat,
@@ -399,50 +415,68 @@ fn max_surge_verdicts_are_what_the_controller_reads() {
         .to_string();
     assert_eq!(
         err,
-        r#"team-a/cp: spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1 (got "50%")"#
+        r#"team-a/cp: spec.rollout.strategy.rollingUpdate.maxSurge: must be 0 or 1 (got "50%")"#
     );
 }
 
 /// The template kind shares `RolloutStrategy`, so its CRD refuses the same
-/// rollout strategies (its messages name the KThreesControlPlane's field).
+/// rollout strategies (its messages name the KThreesControlPlane's field),
+/// in the stored v1beta3 and in cluster-api-k3s's v1beta2.
 #[test]
 fn template_crd_has_the_rollout_strategy_rules() {
-    let crd = k3s_control_plane::api::KThreesControlPlaneTemplate::crd();
-    let schema = serde_json::to_value(
-        crd.spec.versions[0]
-            .schema
-            .as_ref()
-            .and_then(|s| s.open_api_v3_schema.as_ref())
-            .unwrap(),
-    )
-    .unwrap();
+    let crd = k3s_control_plane::api::crds::ours()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "KThreesControlPlaneTemplate")
+        .unwrap();
     let validator = kube::core::cel::Validator::new();
-    let template = |strategy: Value| {
-        serde_json::json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
-            "kind": "KThreesControlPlaneTemplate",
-            "metadata": {"name": "t", "namespace": "team-a"},
-            "spec": {"template": {"spec": {"rolloutStrategy": strategy}}}
-        })
-    };
-    let verdict = |strategy: Value| -> Vec<String> {
-        match validator.validate(&schema, &template(strategy), None) {
-            Ok(()) => Vec::new(),
-            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
-        }
-    };
-    assert_eq!(
-        verdict(serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}})),
-        Vec::<String>::new()
-    );
-    assert_eq!(
-        verdict(serde_json::json!({"rollingUpdate": {"maxSurge": "50%"}})),
-        ["spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"]
-    );
-    assert_eq!(
-        verdict(serde_json::json!({"type": "Other"})),
-        ["spec.rolloutStrategy.type: must be RollingUpdate"]
-    );
+    for (version, field, wrap) in [
+        (
+            "v1beta3",
+            "spec.rollout.strategy",
+            (|strategy: Value| serde_json::json!({"rollout": {"strategy": strategy}}))
+                as fn(Value) -> Value,
+        ),
+        ("v1beta2", "spec.rolloutStrategy", |strategy: Value| {
+            serde_json::json!({"rolloutStrategy": strategy})
+        }),
+    ] {
+        let served = crd.spec.versions.iter().find(|v| v.name == version).unwrap();
+        let schema = serde_json::to_value(
+            served
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .unwrap(),
+        )
+        .unwrap();
+        let verdict = |strategy: Value| -> Vec<String> {
+            let template = serde_json::json!({
+                "apiVersion": format!("controlplane.cluster.x-k8s.io/{version}"),
+                "kind": "KThreesControlPlaneTemplate",
+                "metadata": {"name": "t", "namespace": "team-a"},
+                "spec": {"template": {"spec": wrap(strategy)}}
+            });
+            match validator.validate(&schema, &template, None) {
+                Ok(()) => Vec::new(),
+                Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+            }
+        };
+        assert_eq!(
+            verdict(serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}})),
+            Vec::<String>::new(),
+            "{version}"
+        );
+        assert_eq!(
+            verdict(serde_json::json!({"rollingUpdate": {"maxSurge": "50%"}})),
+            [format!("{field}.rollingUpdate.maxSurge: must be 0 or 1")],
+            "{version}"
+        );
+        assert_eq!(
+            verdict(serde_json::json!({"type": "Other"})),
+            [format!("{field}.type: must be RollingUpdate")],
+            "{version}"
+        );
+    }
 }
 
 #[test]

@@ -25,9 +25,9 @@ fn kcp(name: &str, namespace: &str, shard: Option<&str>) -> KThreesControlPlane 
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                 "machineTemplate": {"infrastructureRef": {
-                     "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                     "kind": "DockerMachineTemplate", "name": "t"}}}
+                 "machineTemplate": {"spec": {"infrastructureRef": {
+                     "apiGroup": "infrastructure.cluster.x-k8s.io",
+                     "kind": "DockerMachineTemplate", "name": "t"}}}}
     }))
     .unwrap()
 }

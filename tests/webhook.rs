@@ -9,13 +9,20 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
-use k3s_control_plane::api::v1beta1::{V1BETA1, V1BETA2, convert};
+use k3s_control_plane::api::conversion::{KnownApiVersions, V1BETA1, V1BETA2, V1BETA3};
 use k3s_control_plane::harness::{CertPair, TestCa};
 use k3s_control_plane::webhook::Webhook;
 use rcgen::{ExtendedKeyUsagePurpose, SanType};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+fn convert(
+    object: &Value,
+    desired: &str,
+) -> Result<Value, k3s_control_plane::api::conversion::ConversionError> {
+    k3s_control_plane::api::conversion::convert(object, desired, &KnownApiVersions::new())
+}
 
 fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -123,28 +130,38 @@ async fn the_webhook_converts_a_real_conversion_review_both_ways_over_https() {
 }
 
 #[test]
-fn upstream_samples_of_both_versions_round_trip() {
-    for (name, version, other) in [
-        ("upstream-kcp-v1beta1.yaml", V1BETA1, V1BETA2),
-        ("upstream-kcp-v1beta2.yaml", V1BETA2, V1BETA1),
+fn upstream_samples_of_both_versions_round_trip_through_every_version() {
+    for (name, version) in [
+        ("upstream-kcp-v1beta1.yaml", V1BETA1),
+        ("upstream-kcp-v1beta2.yaml", V1BETA2),
+        ("upstream-kcp-template-v1beta2.yaml", V1BETA2),
     ] {
         let sample = fixture(name);
         assert_eq!(sample["apiVersion"], version, "{name}");
-        let there = convert(&sample, other).unwrap();
-        assert_eq!(there["apiVersion"], other, "{name}");
-        assert_eq!(
-            convert(&there, version).unwrap(),
-            sample,
-            "{name}: round trip"
-        );
-        // Whatever it was written as, it is a KThreesControlPlane we can read.
-        let stored = convert(&sample, V1BETA2).unwrap();
-        let kcp: k3s_control_plane::api::KThreesControlPlane =
-            serde_json::from_value(stored).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            kcp.spec.machine_template.infrastructure_ref.is_some(),
-            "{name}"
-        );
+        let others: &[&str] = if sample["kind"] == "KThreesControlPlaneTemplate" {
+            &[V1BETA3]
+        } else {
+            &[V1BETA1, V1BETA2, V1BETA3]
+        };
+        for other in others {
+            let there = convert(&sample, other).unwrap();
+            assert_eq!(there["apiVersion"], *other, "{name}");
+            assert_eq!(
+                convert(&there, version).unwrap(),
+                sample,
+                "{name}: round trip through {other}"
+            );
+        }
+        // Whatever it was written as, it is stored as an object we can read.
+        let stored = convert(&sample, V1BETA3).unwrap();
+        if sample["kind"] == "KThreesControlPlane" {
+            let kcp: k3s_control_plane::api::KThreesControlPlane =
+                serde_json::from_value(stored).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(kcp.infrastructure_ref().is_some(), "{name}");
+        } else {
+            let _: k3s_control_plane::api::KThreesControlPlaneTemplate =
+                serde_json::from_value(stored).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
     }
 }
 

@@ -41,6 +41,21 @@ pub struct ClusterSpec {
     pub extra: BTreeMap<String, Value>,
 }
 
+impl Cluster {
+    /// `spec.topology.version` of a Cluster made from a ClusterClass
+    /// (`spec.topology.classRef.name` set); `None` otherwise.
+    pub fn topology_version(&self) -> Option<&str> {
+        let topology = self.spec.extra.get("topology")?;
+        let class = topology
+            .pointer("/classRef/name")
+            .or_else(|| topology.get("class"))
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty());
+        class?;
+        topology.get("version").and_then(Value::as_str).filter(|v| !v.is_empty())
+    }
+}
+
 /// `spec.controlPlaneEndpoint`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct ApiEndpoint {

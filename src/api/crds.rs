@@ -8,7 +8,15 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::names::{CONTRACT_LABEL_V1BETA1, CONTRACT_VALUE_V1BETA1};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinitionVersion, CustomResourceValidation,
+    JSONSchemaProps, ServiceReference, WebhookClientConfig, WebhookConversion,
+};
+
+use super::names::{
+    CONTRACT_LABEL_V1BETA1, CONTRACT_LABEL_V1BETA2, CONTRACT_VALUE_V1BETA1,
+    CONTRACT_VALUE_V1BETA1_TEMPLATE, CONTRACT_VALUE_V1BETA2,
+};
 use super::{
     Cluster, KThreesConfig, KThreesConfigTemplate, KThreesControlPlane,
     KThreesControlPlaneTemplate, Machine, MachineHealthCheck,
@@ -32,42 +40,78 @@ pub fn ours() -> Vec<CustomResourceDefinition> {
     ours_in(DEFAULT_WEBHOOK_NAMESPACE)
 }
 
-/// Our CRDs, the conversion webhook's Service and Certificate in `namespace`.
+/// Our CRDs, the conversion webhook's Service and Certificate in `namespace`:
+/// `v1beta3` stored (the CAPI v1beta2 contract's shape), cluster-api-k3s's
+/// `v1beta2` (and, for the control plane, its deprecated `v1beta1`) served
+/// and converted by our webhook.
 pub fn ours_in(namespace: &str) -> Vec<CustomResourceDefinition> {
-    [
-        with_v1beta1(KThreesControlPlane::crd(), namespace),
+    let control_plane = served_beside(
+        KThreesControlPlane::crd(),
+        &[
+            version_of(super::v1beta2::KThreesControlPlane::crd()),
+            v1beta1_version(),
+        ],
+    );
+    let template = served_beside(
         KThreesControlPlaneTemplate::crd(),
+        &[version_of(super::v1beta2::KThreesControlPlaneTemplate::crd())],
+    );
+    vec![
+        with_contract_labels(
+            with_conversion_webhook(control_plane, namespace),
+            CONTRACT_VALUE_V1BETA1,
+        ),
+        with_contract_labels(
+            with_conversion_webhook(template, namespace),
+            CONTRACT_VALUE_V1BETA1_TEMPLATE,
+        ),
     ]
-    .into_iter()
-    .map(with_contract_labels)
-    .collect()
 }
 
-/// Serve cluster-api-k3s's `v1beta1` beside our stored `v1beta2`, converted
-/// by our webhook; cert-manager injects the CA the API server trusts it with.
-fn with_v1beta1(mut crd: CustomResourceDefinition, namespace: &str) -> CustomResourceDefinition {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-        CustomResourceConversion, CustomResourceDefinitionVersion, CustomResourceValidation,
-        JSONSchemaProps, ServiceReference, WebhookClientConfig, WebhookConversion,
-    };
-    let stored = crd.spec.versions[0].clone();
+/// The one version of a derived CRD, served and not stored.
+fn version_of(crd: CustomResourceDefinition) -> CustomResourceDefinitionVersion {
+    let mut version = crd.spec.versions.into_iter().next().expect("a derived CRD has its version");
+    version.storage = false;
+    version
+}
+
+/// cluster-api-k3s's v1beta1 KThreesControlPlane, deprecated.
+fn v1beta1_version() -> CustomResourceDefinitionVersion {
+    let stored = KThreesControlPlane::crd().spec.versions.remove(0);
     let schema: JSONSchemaProps = serde_json::from_value(super::v1beta1::schema())
         .expect("the v1beta1 schema is a JSONSchemaProps");
-    crd.spec.versions.push(CustomResourceDefinitionVersion {
+    CustomResourceDefinitionVersion {
         name: "v1beta1".into(),
         served: true,
         storage: false,
         deprecated: Some(true),
         deprecation_warning: Some(
-            "controlplane.cluster.x-k8s.io/v1beta1 KThreesControlPlane is converted to v1beta2; use v1beta2".into(),
+            "controlplane.cluster.x-k8s.io/v1beta1 KThreesControlPlane is deprecated; use v1beta3 (or cluster-api-k3s's v1beta2)".into(),
         ),
         schema: Some(CustomResourceValidation {
             open_api_v3_schema: Some(schema),
         }),
-        subresources: stored.subresources.clone(),
-        additional_printer_columns: stored.additional_printer_columns.clone(),
+        subresources: stored.subresources,
+        additional_printer_columns: stored.additional_printer_columns,
         selectable_fields: None,
-    });
+    }
+}
+
+/// `crd` (its one version stored) with `versions` served beside it.
+fn served_beside(
+    mut crd: CustomResourceDefinition,
+    versions: &[CustomResourceDefinitionVersion],
+) -> CustomResourceDefinition {
+    crd.spec.versions.extend(versions.iter().cloned());
+    crd
+}
+
+/// Convert through our webhook; cert-manager injects the CA the API server
+/// trusts it with.
+fn with_conversion_webhook(
+    mut crd: CustomResourceDefinition,
+    namespace: &str,
+) -> CustomResourceDefinition {
     crd.spec.conversion = Some(CustomResourceConversion {
         strategy: "Webhook".into(),
         webhook: Some(WebhookConversion {
@@ -99,19 +143,29 @@ pub fn test_support_crds() -> Vec<CustomResourceDefinition> {
         Cluster::crd(),
         Machine::crd(),
         MachineHealthCheck::crd(),
-        with_contract_labels(KThreesConfig::crd()),
-        with_contract_labels(KThreesConfigTemplate::crd()),
+        with_bootstrap_contract_label(KThreesConfig::crd()),
+        with_bootstrap_contract_label(KThreesConfigTemplate::crd()),
     ]
 }
 
-/// The CAPI contract labels: each contract maps to versions of its own
-/// shape, and no version is listed under two contracts (CAPI iterates the
-/// labels, a Go map, and takes the first that lists a version: a version
-/// under two answers either at random). Our versions have the v1beta1
-/// contract's spec shape (`spec.machineTemplate.infrastructureRef`), so only
-/// that contract is declared until a version of the v1beta2 contract's shape
-/// exists.
-fn with_contract_labels(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+/// The CAPI contract labels: each contract maps to the versions of its own
+/// spec shape, and no version is listed under two contracts (CAPI iterates
+/// the labels, a Go map, and takes the first that lists a version: a version
+/// under two answers either at random). `v1beta3` has the v1beta2 contract's
+/// shape (`spec.machineTemplate.spec.infrastructureRef`); cluster-api-k3s's
+/// versions the v1beta1 contract's.
+fn with_contract_labels(
+    mut crd: CustomResourceDefinition,
+    v1beta1_contract: &str,
+) -> CustomResourceDefinition {
+    let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(CONTRACT_LABEL_V1BETA1.into(), v1beta1_contract.into());
+    labels.insert(CONTRACT_LABEL_V1BETA2.into(), CONTRACT_VALUE_V1BETA2.into());
+    crd
+}
+
+/// The bootstrap provider's contract label (tests only).
+fn with_bootstrap_contract_label(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let labels = crd.metadata.labels.get_or_insert_with(Default::default);
     labels.insert(CONTRACT_LABEL_V1BETA1.into(), CONTRACT_VALUE_V1BETA1.into());
     crd

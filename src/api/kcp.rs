@@ -1,8 +1,9 @@
-//! `controlplane.cluster.x-k8s.io/v1beta2` `KThreesControlPlane`: our CRD,
-//! field for field compatible with cluster-api-k3s v1beta2, with the CEL rules
-//! that [`super::validate`] enforces again on every reconcile.
+//! `controlplane.cluster.x-k8s.io/v1beta3` `KThreesControlPlane`: the stored
+//! version, whose spec has the CAPI v1beta2 control-plane contract's shape,
+//! with the CEL rules that [`super::validate`] enforces again on every
+//! reconcile. The rules and the status are shared with the served
+//! cluster-api-k3s-shaped [`super::v1beta2`].
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bootstrap::KThreesConfigSpec;
 use super::conditions::V1Beta1Condition;
-use super::refs::{GoDuration, TemplateMeta};
+use super::refs::{ContractVersionedObjectReference, TemplateMeta};
 
 /// k3s release versions: `v1.30.2+k3s2`, pre-releases `v1.31.0-rc1+k3s1`.
 ///
@@ -27,7 +28,7 @@ pub const K3S_VERSION_PATTERN: &str =
 pub const VERSION_MAX_LENGTH: usize = 64;
 
 /// `pattern` as a single-quoted CEL string literal.
-fn cel_string(pattern: &str) -> String {
+pub(crate) fn cel_string(pattern: &str) -> String {
     format!("'{}'", pattern.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
@@ -72,7 +73,7 @@ fn cel_both_versions_parse() -> String {
 }
 
 /// `spec.version` transition rule: no downgrade (`validate::Rule::VersionNoDowngrade`).
-fn version_no_downgrade_rule() -> kube::core::Rule {
+pub(crate) fn version_no_downgrade_rule() -> kube::core::Rule {
     let less = cel_tuple_less(&version_cel_parts("self"), &version_cel_parts("oldSelf"));
     kube::core::Rule::new(format!("{} || !{less}", cel_both_versions_parse())).message(
         kube::core::Message::Expression(
@@ -84,7 +85,7 @@ fn version_no_downgrade_rule() -> kube::core::Rule {
 /// `spec.version` transition rule: at most one minor up, same major
 /// (`validate::Rule::VersionNoMinorSkip`). A lower major is a downgrade and
 /// left to the downgrade rule, so one change breaks one rule.
-fn version_no_minor_skip_rule() -> kube::core::Rule {
+pub(crate) fn version_no_minor_skip_rule() -> kube::core::Rule {
     let [new_major, new_minor, ..] = version_cel_parts("self");
     let [old_major, old_minor, ..] = version_cel_parts("oldSelf");
     kube::core::Rule::new(format!(
@@ -108,10 +109,16 @@ and writes cluster-init: true for the first server), so the servers would run em
 configure the datastore in kthreesConfigSpec.files and set spec.externalDatastore: true";
 
 /// Desired state of a k3s control plane.
+///
+/// The stored version. Its spec has the shape of the CAPI v1beta2
+/// control-plane contract (CAPI's KubeadmControlPlane v1beta2 names:
+/// `machineTemplate.spec`, `rollout`, `remediation`, `machineNaming`);
+/// cluster-api-k3s's `v1beta2` and `v1beta1` are served beside it and
+/// converted by our webhook ([`super::conversion`]).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "controlplane.cluster.x-k8s.io",
-    version = "v1beta2",
+    version = "v1beta3",
     kind = "KThreesControlPlane",
     plural = "kthreescontrolplanes",
     shortname = "ktcp",
@@ -139,8 +146,8 @@ configure the datastore in kthreesConfigSpec.files and set spec.externalDatastor
     "!has(self.kthreesConfigSpec) || !has(self.kthreesConfigSpec.serverConfig) || !has(self.kthreesConfigSpec.serverConfig.datastoreEndpoint) || self.kthreesConfigSpec.serverConfig.datastoreEndpoint == '' || (has(self.externalDatastore) && self.externalDatastore)"
 ).message(DATASTORE_ENDPOINT_MESSAGE))]
 #[x_kube(validation = Rule::new(
-    "has(self.machineTemplate) && has(self.machineTemplate.infrastructureRef) && has(self.machineTemplate.infrastructureRef.kind) && self.machineTemplate.infrastructureRef.kind != '' && has(self.machineTemplate.infrastructureRef.name) && self.machineTemplate.infrastructureRef.name != ''"
-).message("spec.machineTemplate.infrastructureRef: required, with kind and name"))]
+    "has(self.machineTemplate) && has(self.machineTemplate.spec) && has(self.machineTemplate.spec.infrastructureRef) && has(self.machineTemplate.spec.infrastructureRef.kind) && self.machineTemplate.spec.infrastructureRef.kind != '' && has(self.machineTemplate.spec.infrastructureRef.name) && self.machineTemplate.spec.infrastructureRef.name != ''"
+).message("spec.machineTemplate.spec.infrastructureRef: required, with apiGroup, kind and name"))]
 #[serde(rename_all = "camelCase")]
 pub struct KThreesControlPlaneSpec {
     /// Desired control-plane machines (default 1). Odd while etcd is embedded.
@@ -155,24 +162,23 @@ pub struct KThreesControlPlaneSpec {
     #[x_kube(validation = version_no_downgrade_rule())]
     #[x_kube(validation = version_no_minor_skip_rule())]
     pub version: String,
+    /// How control-plane machines are shaped.
+    #[serde(default)]
+    pub machine_template: KThreesControlPlaneMachineTemplate,
     /// k3s configuration for every control-plane machine. Defaulted to `{}`
     /// so that the server configuration's defaults apply to every object.
     #[serde(default, skip_serializing_if = "KThreesConfigSpec::is_empty")]
     #[schemars(extend("default" = {}))]
     pub kthrees_config_spec: KThreesConfigSpec,
-    /// Roll out all machines after this time even without spec changes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout_after: Option<Time>,
-    /// Roll out machines before something about them expires (CAPI's
-    /// KubeadmControlPlane field of the same name and meaning).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout_before: Option<RolloutBefore>,
-    /// How control-plane machines are shaped.
-    #[serde(default)]
-    pub machine_template: KThreesControlPlaneMachineTemplate,
+    /// When and how machines are replaced.
+    #[serde(default, skip_serializing_if = "KThreesControlPlaneRollout::is_empty")]
+    pub rollout: KThreesControlPlaneRollout,
     /// How unhealthy control-plane machines are remediated.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remediation_strategy: Option<RemediationStrategy>,
+    #[serde(default, skip_serializing_if = "KThreesControlPlaneRemediation::is_empty")]
+    pub remediation: KThreesControlPlaneRemediation,
+    /// How control-plane Machines are named.
+    #[serde(default, skip_serializing_if = "MachineNaming::is_empty")]
+    pub machine_naming: MachineNaming,
     /// The servers use an external datastore (k3s `--datastore-endpoint`),
     /// configured outside this spec, e.g. as a `config.yaml.d` drop-in in
     /// `kthreesConfigSpec.files`: cluster-api-k3s's bootstrap provider has no
@@ -182,36 +188,100 @@ pub struct KThreesControlPlaneSpec {
     /// label or annotations): then etcd is managed as usual. Our addition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_datastore: Option<bool>,
-    /// How outdated machines are replaced (additive to cluster-api-k3s's
-    /// schema; absent means a rolling update with maxSurge 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout_strategy: Option<RolloutStrategy>,
 }
 
-fn default_replicas() -> Option<i32> {
+pub(crate) fn default_replicas() -> Option<i32> {
     Some(1)
 }
 
-/// Shape of control-plane machines.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Shape of control-plane machines (`spec.machineTemplate`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KThreesControlPlaneMachineTemplate {
-    /// Labels and annotations for the Machines.
+    /// Labels and annotations for the Machines (changed in place).
     #[serde(default, skip_serializing_if = "TemplateMeta::is_empty")]
     pub metadata: TemplateMeta,
-    /// Infrastructure template (required; cluster-api-k3s v1beta2 uses a full
-    /// core/v1 ObjectReference here).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub infrastructure_ref: Option<ObjectReference>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_drain_timeout: Option<GoDuration>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_volume_detach_timeout: Option<GoDuration>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_deletion_timeout: Option<GoDuration>,
+    #[serde(default)]
+    pub spec: KThreesControlPlaneMachineTemplateSpec,
 }
 
-/// How outdated control-plane machines are replaced, as CAPI's KCP spells it.
+/// `spec.machineTemplate.spec`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KThreesControlPlaneMachineTemplateSpec {
+    /// The infrastructure machine template (required): its API version is the
+    /// newest its CRD lists for the CAPI contract (contract labels).
+    #[serde(default)]
+    pub infrastructure_ref: ContractVersionedObjectReference,
+    /// Conditions the Machine's `Ready` also waits for (copied to Machines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub readiness_gates: Vec<MachineReadinessGate>,
+    /// Drain, volume-detach and Node-deletion timeouts (changed in place).
+    #[serde(default, skip_serializing_if = "MachineTemplateDeletion::is_empty")]
+    pub deletion: MachineTemplateDeletion,
+}
+
+/// `spec.machineTemplate.spec.readinessGates[]` (CAPI `MachineReadinessGate`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineReadinessGate {
+    /// A condition type of the Machine.
+    #[schemars(length(min = 1, max = 316))]
+    pub condition_type: String,
+    /// `Positive` (the default: True is good) or `Negative`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['Positive', 'Negative']").message("spec.machineTemplate.spec.readinessGates[].polarity: must be Positive or Negative"))]
+    pub polarity: Option<String>,
+}
+
+/// `spec.machineTemplate.spec.deletion`, in whole seconds.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineTemplateDeletion {
+    /// Time spent draining a Node; unset or 0 = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.machineTemplate.spec.deletion.nodeDrainTimeoutSeconds: must not be negative"))]
+    pub node_drain_timeout_seconds: Option<i32>,
+    /// Time spent waiting for volumes to detach; unset or 0 = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.machineTemplate.spec.deletion.nodeVolumeDetachTimeoutSeconds: must not be negative"))]
+    pub node_volume_detach_timeout_seconds: Option<i32>,
+    /// Time spent deleting the Node; unset = CAPI's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.machineTemplate.spec.deletion.nodeDeletionTimeoutSeconds: must not be negative"))]
+    pub node_deletion_timeout_seconds: Option<i32>,
+}
+
+impl MachineTemplateDeletion {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.rollout`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KThreesControlPlaneRollout {
+    /// Roll out all machines after this time even without spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Time>,
+    /// Roll out machines before something about them expires.
+    #[serde(default, skip_serializing_if = "RolloutBefore::is_empty")]
+    pub before: RolloutBefore,
+    /// How outdated machines are replaced (absent: a rolling update with
+    /// maxSurge 1).
+    #[serde(default, skip_serializing_if = "RolloutStrategy::is_empty")]
+    pub strategy: RolloutStrategy,
+}
+
+impl KThreesControlPlaneRollout {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.rollout.strategy`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStrategy {
@@ -219,13 +289,19 @@ pub struct RolloutStrategy {
     // A CEL rule, not a schema enum: CEL evaluated client-side (kube-cel)
     // ignores `enum`, and the verdicts must match the API server's.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == 'RollingUpdate'").message("spec.rolloutStrategy.type: must be RollingUpdate"))]
+    #[x_kube(validation = Rule::new("self == 'RollingUpdate'").message("spec.rollout.strategy.type: must be RollingUpdate"))]
     pub type_: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
 }
 
-/// `rolloutStrategy.rollingUpdate`.
+impl RolloutStrategy {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.rollout.strategy.rollingUpdate`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
@@ -237,40 +313,73 @@ pub struct RollingUpdate {
     // of an int is its digits; kube-cel has no `type()`). A percentage
     // of a handful of control-plane machines would round to 0 or 1 anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("string(self) in ['0', '1']").message("spec.rolloutStrategy.rollingUpdate.maxSurge: must be 0 or 1"))]
+    #[x_kube(validation = Rule::new("string(self) in ['0', '1']").message("spec.rollout.strategy.rollingUpdate.maxSurge: must be 0 or 1"))]
     pub max_surge: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 }
 
-/// Default `rolloutStrategy.rollingUpdate.maxSurge`.
+/// Default `rollout.strategy.rollingUpdate.maxSurge`.
 pub const DEFAULT_MAX_SURGE: u32 = 1;
 
-/// `spec.rolloutBefore`.
+/// `spec.rollout.before`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutBefore {
     /// Replace a Machine whose certificates expire within this many days
     /// (at least 7). A Machine whose expiry is unknown is never rolled for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 7").message("spec.rolloutBefore.certificatesExpiryDays: must be at least 7"))]
+    #[x_kube(validation = Rule::new("self >= 7").message("spec.rollout.before.certificatesExpiryDays: must be at least 7"))]
     pub certificates_expiry_days: Option<i32>,
 }
 
-/// How control-plane machine remediation happens.
+impl RolloutBefore {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.remediation`: how control-plane machine remediation happens.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RemediationStrategy {
+pub struct KThreesControlPlaneRemediation {
     /// Retries of one remediation sequence; unset = forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediationStrategy.maxRetry: must not be negative"))]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediation.maxRetry: must not be negative"))]
     pub max_retry: Option<i32>,
-    /// Wait before remediating a replacement machine again; unset = immediately.
+    /// Seconds to wait before remediating a replacement machine again;
+    /// unset = immediately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.retryPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
-    pub retry_period: Option<GoDuration>,
-    /// After this long a failure starts a new sequence; unset = 1h.
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediation.retryPeriodSeconds: must not be negative"))]
+    pub retry_period_seconds: Option<i32>,
+    /// After this many seconds a failure starts a new sequence; unset = 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.minHealthyPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
-    pub min_healthy_period: Option<GoDuration>,
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.remediation.minHealthyPeriodSeconds: must not be negative"))]
+    pub min_healthy_period_seconds: Option<i32>,
+}
+
+impl KThreesControlPlaneRemediation {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.machineNaming`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineNaming {
+    /// Go-template-style name of new Machines, e.g.
+    /// `{{ .kthreesControlPlane.name }}-cp-{{ .random }}`: `.cluster.name`,
+    /// `.kthreesControlPlane.name` and `.random` (5 characters, required)
+    /// may appear. Unset: `<name>-<random>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    #[x_kube(validation = Rule::new("self.contains('{{ .random }}')").message("spec.machineNaming.template: must contain {{ .random }}"))]
+    pub template: Option<String>,
+}
+
+impl MachineNaming {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// Default `minHealthyPeriod` (CAPI KCP and cluster-api-k3s).
@@ -413,49 +522,53 @@ impl KThreesControlPlane {
         self.spec.external_datastore != Some(true)
     }
 
-    /// `minHealthyPeriod`, defaulted to 1h. `None` if the text is invalid.
+    /// `remediation.minHealthyPeriodSeconds`, defaulted to 1h. `None` if negative.
     pub fn min_healthy_period(&self) -> Option<std::time::Duration> {
-        match self
-            .spec
-            .remediation_strategy
-            .as_ref()
-            .and_then(|r| r.min_healthy_period.as_ref())
-        {
+        match self.spec.remediation.min_healthy_period_seconds {
             None => Some(DEFAULT_MIN_HEALTHY_PERIOD),
-            Some(d) => d.non_negative(),
+            Some(s) => seconds(s),
         }
     }
 
-    /// `retryPeriod`, defaulted to zero. `None` if the text is invalid.
+    /// `remediation.retryPeriodSeconds`, defaulted to zero. `None` if negative.
     pub fn retry_period(&self) -> Option<std::time::Duration> {
-        match self
-            .spec
-            .remediation_strategy
-            .as_ref()
-            .and_then(|r| r.retry_period.as_ref())
-        {
+        match self.spec.remediation.retry_period_seconds {
             None => Some(std::time::Duration::ZERO),
-            Some(d) => d.non_negative(),
+            Some(s) => seconds(s),
         }
     }
 
-    /// `maxRetry`; `None` = retry forever.
+    /// `remediation.maxRetry`; `None` = retry forever.
     pub fn max_retry(&self) -> Option<i32> {
-        self.spec
-            .remediation_strategy
-            .as_ref()
-            .and_then(|r| r.max_retry)
+        self.spec.remediation.max_retry
     }
 
-    /// `rolloutStrategy.rollingUpdate.maxSurge` as 0 or 1; `None` when it is
+    /// `rollout.after`.
+    pub fn rollout_after(&self) -> Option<&Time> {
+        self.spec.rollout.after.as_ref()
+    }
+
+    /// `rollout.before.certificatesExpiryDays`.
+    pub fn certificates_expiry_days(&self) -> Option<i32> {
+        self.spec.rollout.before.certificates_expiry_days
+    }
+
+    /// The infrastructure machine template, when it names a kind and a name.
+    pub fn infrastructure_ref(&self) -> Option<&ContractVersionedObjectReference> {
+        let r = &self.spec.machine_template.spec.infrastructure_ref;
+        (!r.kind.is_empty() && !r.name.is_empty()).then_some(r)
+    }
+
+    /// `rollout.strategy.rollingUpdate.maxSurge` as 0 or 1; `None` when it is
     /// set to anything else (the validator names it).
     pub fn max_surge(&self) -> Option<u32> {
         use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
         match self
             .spec
-            .rollout_strategy
+            .rollout
+            .strategy
+            .rolling_update
             .as_ref()
-            .and_then(|r| r.rolling_update.as_ref())
             .and_then(|r| r.max_surge.as_ref())
         {
             None => Some(DEFAULT_MAX_SURGE),
@@ -472,4 +585,9 @@ impl KThreesControlPlane {
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default()
     }
+}
+
+/// Whole seconds as a duration; `None` when negative.
+fn seconds(s: i32) -> Option<std::time::Duration> {
+    u64::try_from(s).ok().map(std::time::Duration::from_secs)
 }

@@ -5,9 +5,12 @@
 pub mod bootstrap;
 pub mod cluster;
 pub mod conditions;
+pub mod contract;
+pub mod conversion;
 pub mod crds;
 pub mod kcp;
 pub mod machine;
+pub mod machine_naming;
 pub mod mhc;
 pub mod names;
 pub mod refs;
@@ -15,6 +18,7 @@ pub mod remediation_data;
 pub mod template;
 pub mod time;
 pub mod v1beta1;
+pub mod v1beta2;
 pub mod validate;
 
 pub use bootstrap::{KThreesConfig, KThreesConfigSpec, KThreesConfigTemplate};

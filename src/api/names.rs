@@ -16,10 +16,14 @@ pub const V1BETA2: &str = "v1beta2";
 pub const CONTRACT_LABEL_V1BETA1: &str = "cluster.x-k8s.io/v1beta1";
 /// Value of [`CONTRACT_LABEL_V1BETA1`], as cluster-api-k3s sets it.
 pub const CONTRACT_VALUE_V1BETA1: &str = "v1beta1_v1beta2";
-/// CRD label for the CAPI v1beta2 contract (CAPI >= v1.11). Not declared
-/// yet: the versions it would list must have that contract's spec shape
-/// (`spec.machineTemplate.spec.infrastructureRef`), which ours do not.
+/// CRD label for the CAPI v1beta2 contract (CAPI >= v1.11): lists the
+/// versions whose spec has that contract's shape.
 pub const CONTRACT_LABEL_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
+/// Value of [`CONTRACT_LABEL_V1BETA2`] on our CRDs.
+pub const CONTRACT_VALUE_V1BETA2: &str = "v1beta3";
+/// Value of [`CONTRACT_LABEL_V1BETA1`] on our template CRD (cluster-api-k3s
+/// serves the template in v1beta2 only).
+pub const CONTRACT_VALUE_V1BETA1_TEMPLATE: &str = "v1beta2";
 
 // --- Labels on Machines and other cluster objects ----------------------------
 

@@ -16,7 +16,6 @@ use kube::ResourceExt;
 use regex::Regex;
 
 use super::kcp::{DATASTORE_ENDPOINT_MESSAGE, K3S_VERSION_PATTERN, KThreesControlPlane};
-use super::refs::GoDuration;
 
 static K3S_VERSION: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(K3S_VERSION_PATTERN).expect("version pattern compiles"));
@@ -33,20 +32,30 @@ pub enum Rule {
     /// `serverConfig.datastoreEndpoint` only with `spec.externalDatastore`:
     /// the bootstrap provider does not pass it on.
     DatastoreEndpointNeedsExternalDatastore,
-    /// `spec.machineTemplate.infrastructureRef` present with kind and name.
+    /// `spec.machineTemplate.spec.infrastructureRef` present with kind and name.
     InfrastructureRefRequired,
-    /// `spec.remediationStrategy.maxRetry` >= 0.
+    /// `spec.remediation.maxRetry` >= 0.
     MaxRetryNotNegative,
-    /// `spec.rolloutBefore.certificatesExpiryDays` >= 7.
+    /// `spec.rollout.before.certificatesExpiryDays` >= 7.
     CertificatesExpiryDaysAtLeastSeven,
-    /// `spec.remediationStrategy.retryPeriod` is a non-negative Go duration.
-    RetryPeriodDuration,
-    /// `spec.remediationStrategy.minHealthyPeriod` is a non-negative Go duration.
-    MinHealthyPeriodDuration,
-    /// `spec.rolloutStrategy.rollingUpdate.maxSurge` is 0 or 1 (or `"0"`/`"1"`).
+    /// `spec.remediation.retryPeriodSeconds` >= 0.
+    RetryPeriodNotNegative,
+    /// `spec.remediation.minHealthyPeriodSeconds` >= 0.
+    MinHealthyPeriodNotNegative,
+    /// `spec.rollout.strategy.rollingUpdate.maxSurge` is 0 or 1 (or `"0"`/`"1"`).
     MaxSurgeZeroOrOne,
-    /// `spec.rolloutStrategy.type`, if set, is `RollingUpdate`.
+    /// `spec.rollout.strategy.type`, if set, is `RollingUpdate`.
     RolloutTypeRollingUpdate,
+    /// `spec.machineTemplate.spec.deletion.nodeDrainTimeoutSeconds` >= 0.
+    NodeDrainTimeoutNotNegative,
+    /// `spec.machineTemplate.spec.deletion.nodeVolumeDetachTimeoutSeconds` >= 0.
+    NodeVolumeDetachTimeoutNotNegative,
+    /// `spec.machineTemplate.spec.deletion.nodeDeletionTimeoutSeconds` >= 0.
+    NodeDeletionTimeoutNotNegative,
+    /// Each readiness gate's `polarity`, if set, is `Positive` or `Negative`.
+    ReadinessGatePolarity,
+    /// `spec.machineNaming.template`, if set, contains `{{ .random }}`.
+    MachineNamingHasRandom,
     /// UPDATE only: `spec.version` does not go below the old one (see [`K3sVersion`]).
     VersionNoDowngrade,
     /// UPDATE only: `spec.version` moves at most one minor version up and keeps
@@ -55,7 +64,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 18] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
@@ -63,10 +72,15 @@ impl Rule {
         Rule::InfrastructureRefRequired,
         Rule::MaxRetryNotNegative,
         Rule::CertificatesExpiryDaysAtLeastSeven,
-        Rule::RetryPeriodDuration,
-        Rule::MinHealthyPeriodDuration,
+        Rule::RetryPeriodNotNegative,
+        Rule::MinHealthyPeriodNotNegative,
         Rule::MaxSurgeZeroOrOne,
         Rule::RolloutTypeRollingUpdate,
+        Rule::NodeDrainTimeoutNotNegative,
+        Rule::NodeVolumeDetachTimeoutNotNegative,
+        Rule::NodeDeletionTimeoutNotNegative,
+        Rule::ReadinessGatePolarity,
+        Rule::MachineNamingHasRandom,
         Rule::VersionNoDowngrade,
         Rule::VersionNoMinorSkip,
     ];
@@ -81,13 +95,24 @@ impl Rule {
             Rule::DatastoreEndpointNeedsExternalDatastore => {
                 "spec.kthreesConfigSpec.serverConfig.datastoreEndpoint"
             }
-            Rule::InfrastructureRefRequired => "spec.machineTemplate.infrastructureRef",
-            Rule::MaxRetryNotNegative => "spec.remediationStrategy.maxRetry",
-            Rule::CertificatesExpiryDaysAtLeastSeven => "spec.rolloutBefore.certificatesExpiryDays",
-            Rule::RetryPeriodDuration => "spec.remediationStrategy.retryPeriod",
-            Rule::MinHealthyPeriodDuration => "spec.remediationStrategy.minHealthyPeriod",
-            Rule::MaxSurgeZeroOrOne => "spec.rolloutStrategy.rollingUpdate.maxSurge",
-            Rule::RolloutTypeRollingUpdate => "spec.rolloutStrategy.type",
+            Rule::InfrastructureRefRequired => "spec.machineTemplate.spec.infrastructureRef",
+            Rule::MaxRetryNotNegative => "spec.remediation.maxRetry",
+            Rule::CertificatesExpiryDaysAtLeastSeven => "spec.rollout.before.certificatesExpiryDays",
+            Rule::RetryPeriodNotNegative => "spec.remediation.retryPeriodSeconds",
+            Rule::MinHealthyPeriodNotNegative => "spec.remediation.minHealthyPeriodSeconds",
+            Rule::MaxSurgeZeroOrOne => "spec.rollout.strategy.rollingUpdate.maxSurge",
+            Rule::RolloutTypeRollingUpdate => "spec.rollout.strategy.type",
+            Rule::NodeDrainTimeoutNotNegative => {
+                "spec.machineTemplate.spec.deletion.nodeDrainTimeoutSeconds"
+            }
+            Rule::NodeVolumeDetachTimeoutNotNegative => {
+                "spec.machineTemplate.spec.deletion.nodeVolumeDetachTimeoutSeconds"
+            }
+            Rule::NodeDeletionTimeoutNotNegative => {
+                "spec.machineTemplate.spec.deletion.nodeDeletionTimeoutSeconds"
+            }
+            Rule::ReadinessGatePolarity => "spec.machineTemplate.spec.readinessGates[].polarity",
+            Rule::MachineNamingHasRandom => "spec.machineNaming.template",
         }
     }
 
@@ -202,76 +227,89 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
         );
     }
 
-    match &spec.machine_template.infrastructure_ref {
-        None => fail(Rule::InfrastructureRefRequired, "is required".into()),
-        Some(r) => {
-            let missing: Vec<&str> = [("kind", &r.kind), ("name", &r.name)]
-                .into_iter()
-                .filter(|(_, v)| v.as_deref().is_none_or(str::is_empty))
-                .map(|(k, _)| k)
-                .collect();
-            if !missing.is_empty() {
-                fail(
-                    Rule::InfrastructureRefRequired,
-                    format!("needs {}", missing.join(" and ")),
-                );
-            }
-        }
+    let infra = &spec.machine_template.spec.infrastructure_ref;
+    let missing: Vec<&str> = [("kind", &infra.kind), ("name", &infra.name)]
+        .into_iter()
+        .filter(|(_, v)| v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    if !missing.is_empty() {
+        fail(
+            Rule::InfrastructureRefRequired,
+            format!("is required, with apiGroup, kind and name (missing {})", missing.join(" and ")),
+        );
     }
 
-    if let Some(days) = spec
-        .rollout_before
-        .as_ref()
-        .and_then(|r| r.certificates_expiry_days)
-        .filter(|d| *d < 7)
-    {
+    if let Some(days) = kcp.certificates_expiry_days().filter(|d| *d < 7) {
         fail(
             Rule::CertificatesExpiryDaysAtLeastSeven,
             format!("must be at least 7 (got {days})"),
         );
     }
 
-    if let Some(strategy) = &spec.remediation_strategy {
-        if let Some(max) = strategy.max_retry.filter(|m| *m < 0) {
-            fail(
-                Rule::MaxRetryNotNegative,
-                format!("must not be negative (got {max})"),
-            );
-        }
-        for (rule, value) in [
-            (Rule::RetryPeriodDuration, &strategy.retry_period),
-            (Rule::MinHealthyPeriodDuration, &strategy.min_healthy_period),
-        ] {
-            if let Some(message) = value.as_ref().and_then(duration_problem) {
-                fail(rule, message);
-            }
+    let remediation = &spec.remediation;
+    let deletion = &spec.machine_template.spec.deletion;
+    for (rule, value) in [
+        (Rule::MaxRetryNotNegative, remediation.max_retry),
+        (Rule::RetryPeriodNotNegative, remediation.retry_period_seconds),
+        (Rule::MinHealthyPeriodNotNegative, remediation.min_healthy_period_seconds),
+        (Rule::NodeDrainTimeoutNotNegative, deletion.node_drain_timeout_seconds),
+        (Rule::NodeVolumeDetachTimeoutNotNegative, deletion.node_volume_detach_timeout_seconds),
+        (Rule::NodeDeletionTimeoutNotNegative, deletion.node_deletion_timeout_seconds),
+    ] {
+        if let Some(n) = value.filter(|n| *n < 0) {
+            fail(rule, format!("must not be negative (got {n})"));
         }
     }
 
-    if let Some(strategy) = &spec.rollout_strategy {
-        if let Some(kind) = strategy.type_.as_deref().filter(|t| *t != "RollingUpdate") {
+    for gate in &spec.machine_template.spec.readiness_gates {
+        if let Some(p) = gate
+            .polarity
+            .as_deref()
+            .filter(|p| !["Positive", "Negative"].contains(p))
+        {
             fail(
-                Rule::RolloutTypeRollingUpdate,
-                format!("must be RollingUpdate (got {kind:?})"),
+                Rule::ReadinessGatePolarity,
+                format!("must be Positive or Negative (got {p:?} for {:?})", gate.condition_type),
             );
         }
-        // max_surge() is what the controller acts on: None is exactly "not 0 or 1".
-        if let (None, Some(surge)) = (
-            kcp.max_surge(),
-            strategy
-                .rolling_update
-                .as_ref()
-                .and_then(|r| r.max_surge.as_ref()),
-        ) {
-            let got = match surge {
-                IntOrString::Int(n) => n.to_string(),
-                IntOrString::String(s) => format!("{s:?}"),
-            };
-            fail(
-                Rule::MaxSurgeZeroOrOne,
-                format!("must be 0 or 1 (got {got})"),
-            );
-        }
+    }
+
+    if let Some(template) = spec
+        .machine_naming
+        .template
+        .as_deref()
+        .filter(|t| !t.contains(super::machine_naming::RANDOM))
+    {
+        fail(
+            Rule::MachineNamingHasRandom,
+            format!("must contain {} (got {template:?})", super::machine_naming::RANDOM),
+        );
+    }
+
+    let strategy = &spec.rollout.strategy;
+    if let Some(kind) = strategy.type_.as_deref().filter(|t| *t != "RollingUpdate") {
+        fail(
+            Rule::RolloutTypeRollingUpdate,
+            format!("must be RollingUpdate (got {kind:?})"),
+        );
+    }
+    // max_surge() is what the controller acts on: None is exactly "not 0 or 1".
+    if let (None, Some(surge)) = (
+        kcp.max_surge(),
+        strategy
+            .rolling_update
+            .as_ref()
+            .and_then(|r| r.max_surge.as_ref()),
+    ) {
+        let got = match surge {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => format!("{s:?}"),
+        };
+        fail(
+            Rule::MaxSurgeZeroOrOne,
+            format!("must be 0 or 1 (got {got})"),
+        );
     }
 
     if errors.is_empty() {
@@ -395,14 +433,6 @@ pub fn check_version_change(from: &str, to: &str) -> Result<(), VersionChangeErr
 
 fn object_name(kcp: &KThreesControlPlane) -> String {
     format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any())
-}
-
-fn duration_problem(d: &GoDuration) -> Option<String> {
-    match d.parse() {
-        Err(e) => Some(format!("must be a duration like 0s, 30m or 1h30m: {e}")),
-        Ok(p) if p.is_negative() => Some(format!("must not be negative (got {:?})", d.0)),
-        Ok(_) => None,
-    }
 }
 
 #[cfg(test)]

@@ -344,11 +344,12 @@ pub async fn run(args: RunArgs) -> ExitCode {
         if !args.webhook_cert_dir.join("tls.crt").exists() {
             tracing::warn!(
                 dir = %args.webhook_cert_dir.display(),
-                "conversion webhook off: no tls.crt in the certificate directory; v1beta1 KThreesControlPlane requests will fail (v1beta2 needs no conversion)"
+                "conversion webhook off: no tls.crt in the certificate directory; KThreesControlPlane(Template) requests in v1beta1 and v1beta2 will fail (only the stored v1beta3 needs no conversion)"
             );
         } else {
             match crate::webhook::Webhook::bind(addr, &args.webhook_cert_dir).await {
                 Ok(webhook) => {
+                    let webhook = webhook.with_contract_versions(client.clone());
                     tracing::info!(%addr, "serving the conversion webhook (POST /convert)");
                     tokio::spawn(webhook.serve(shutdown.clone()));
                 }

@@ -37,6 +37,7 @@ pub const MANAGER_ROLE: &str = "k3s-control-plane-manager";
 pub const SECRETS_ROLE: &str = "k3s-control-plane-secrets";
 pub const LEADER_ELECTION_ROLE: &str = "k3s-control-plane-leader-election";
 pub const CAPI_CORE_ROLE: &str = "k3s-control-plane-capi-core";
+pub const CONTRACT_VERSIONS_ROLE: &str = "k3s-control-plane-contract-versions";
 
 /// File names clusterctl expects in a release.
 pub const COMPONENTS_FILE: &str = "control-plane-components.yaml";
@@ -103,6 +104,16 @@ fn role_objects(options: &Options, namespace: &str) -> Vec<Value> {
         to_value(cluster_role(MANAGER_ROLE, rbac::MANAGER)),
         to_value(cluster_role(SECRETS_ROLE, rbac::SECRETS)),
         to_value(capi_core),
+        to_value(cluster_role(CONTRACT_VERSIONS_ROLE, rbac::CONTRACT_VERSIONS)),
+        to_value(ClusterRoleBinding {
+            metadata: meta(CONTRACT_VERSIONS_ROLE, None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: CONTRACT_VERSIONS_ROLE.into(),
+            },
+            subjects: Some(vec![account.clone()]),
+        }),
     ];
     for role in [MANAGER_ROLE, SECRETS_ROLE] {
         let role_ref = RoleRef {
@@ -230,7 +241,7 @@ mod tests {
         assert_eq!(kinds.last().unwrap(), "Deployment");
         assert_eq!(
             kinds.iter().filter(|k| *k == "ClusterRoleBinding").count(),
-            2
+            3
         );
         for o in &objects {
             assert_eq!(
@@ -245,7 +256,13 @@ mod tests {
         let objects = objects(&Options {
             watch_namespace: Some("tenant-a".into()),
         });
-        assert!(!kinds(&objects).iter().any(|k| k == "ClusterRoleBinding"));
+        // Only CRDs (cluster-scoped, read by name) are granted cluster-wide.
+        let cluster_bindings: Vec<&str> = objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRoleBinding")
+            .map(|o| o["roleRef"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(cluster_bindings, [CONTRACT_VERSIONS_ROLE]);
         let bindings: Vec<&Value> = objects
             .iter()
             .filter(|o| o["kind"] == "RoleBinding" && o["metadata"]["namespace"] == "tenant-a")

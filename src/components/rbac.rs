@@ -95,6 +95,15 @@ pub const SECRETS: &[Permission] = &[Permission {
     why: "the cluster Secrets (<cluster>-ca, -cca, -etcd, -token, -kubeconfig)",
 }];
 
+/// CRDs are cluster-scoped: a separate ClusterRole, bound cluster-wide even
+/// when the controller watches one namespace. Read by name only.
+pub const CONTRACT_VERSIONS: &[Permission] = &[Permission {
+    group: "apiextensions.k8s.io",
+    resources: &["customresourcedefinitions"],
+    verbs: &["get"],
+    why: "the CAPI contract labels of an infrastructure kind referenced by group only (v1beta2 contract), to know which API version to use, as CAPI does",
+}];
+
 /// Leader election: a Role in the controller's own namespace only.
 pub const LEADER_ELECTION: &[Permission] = &[Permission {
     group: "coordination.k8s.io",

@@ -92,6 +92,8 @@ pub struct Context {
     /// (`<namespace>/<kind>/<name>@<cluster uid>`), so it is checked once per
     /// process, not read on every reconcile.
     pub template_owners: Mutex<std::collections::HashSet<String>>,
+    /// API versions of kinds referenced by group only (contract labels).
+    pub contract_versions: super::contract_versions::ContractVersions,
     /// When each etcd member (by cluster, then member id) was first seen.
     pub members_seen:
         Mutex<HashMap<String, std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>>>,
@@ -134,6 +136,7 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         let secrets = SecretCache::new(settings.secret_refresh);
+        let contract_versions = super::contract_versions::ContractVersions::new(client.clone());
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             workloads: WorkloadCache::default(),
@@ -143,6 +146,7 @@ impl Context {
             settings,
             failures: Mutex::new(HashMap::new()),
             template_owners: Mutex::new(Default::default()),
+            contract_versions,
             members_seen: Mutex::new(HashMap::new()),
             kcp_writes: KcpWrites::default(),
             caches: std::sync::RwLock::new(None),
@@ -298,9 +302,9 @@ mod kcp_writes_tests {
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
             "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns"},
-            "spec": {"version": "v1.31.4+k3s1", "machineTemplate": {"infrastructureRef": {
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                "kind": "DockerMachineTemplate", "name": "t"}}}
+            "spec": {"version": "v1.31.4+k3s1", "machineTemplate": {"spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io",
+                "kind": "DockerMachineTemplate", "name": "t"}}}}
         }))
         .unwrap();
         kcp.metadata.resource_version = Some(version.into());

@@ -1,6 +1,6 @@
 //! Creating a control-plane Machine (scale-up or a remediation's replacement),
 //! as CAPI's KubeadmControlPlane does: the infrastructure object cloned from
-//! `machineTemplate.infrastructureRef`, a `KThreesConfig` from
+//! `machineTemplate.spec.infrastructureRef`, a `KThreesConfig` from
 //! `kthreesConfigSpec`, then the `Machine` that references both, with the CAPI
 //! labels, the owner reference, version, failure domain and `remediation-for`.
 
@@ -35,16 +35,25 @@ pub fn control_plane_labels(cluster: &str, kcp: &str) -> BTreeMap<String, String
     ])
 }
 
-/// A fresh Machine name `<kcp>-<5 chars>`; unique enough, and a collision is an
-/// AlreadyExists error that the next reconcile retries with another name.
-pub fn machine_name(kcp: &str) -> String {
+/// A fresh Machine name from `spec.machineNaming.template` (default
+/// `<kcp>-<5 chars>`); unique enough, and a collision is an AlreadyExists
+/// error that the next reconcile retries with another name.
+pub fn machine_name(
+    template: Option<&str>,
+    cluster: &str,
+    kcp: &str,
+) -> Result<String, crate::api::machine_naming::NamingError> {
+    crate::api::machine_naming::render(template, cluster, kcp, &random_suffix())
+}
+
+fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
         ^ (std::process::id() as u64).rotate_left(32);
-    let suffix: String = (0..5)
+    (0..crate::api::machine_naming::RANDOM_LEN)
         .map(|_| {
             // xorshift: spreads the clock's low bits over the suffix.
             seed ^= seed << 13;
@@ -52,8 +61,7 @@ pub fn machine_name(kcp: &str) -> String {
             seed ^= seed << 17;
             ALPHABET[(seed % ALPHABET.len() as u64) as usize] as char
         })
-        .collect();
-    format!("{kcp}-{suffix}")
+        .collect()
 }
 
 /// The failure domain with the fewest live machines (ties: first by name), or
@@ -87,26 +95,14 @@ pub async fn ensure_template_owner(ctx: &Context, world: &World) -> Result<()> {
     let Some(cluster) = world.cluster.as_ref() else {
         return Ok(());
     };
-    let Some(infra_ref) = world.kcp.spec.machine_template.infrastructure_ref.as_ref() else {
+    let Some(infra_ref) = world.kcp.infrastructure_ref() else {
         return Ok(());
     };
-    let (Some(api_version), Some(kind), Some(name)) = (
-        infra_ref.api_version.as_deref(),
-        infra_ref.kind.as_deref(),
-        infra_ref.name.as_deref(),
-    ) else {
-        return Ok(());
-    };
-    let Some((group, version)) = api_version.split_once('/') else {
-        return Ok(());
-    };
+    let (kind, name) = (infra_ref.kind.as_str(), infra_ref.name.as_str());
     if !kind.ends_with("Template") {
         return Ok(());
     }
-    let namespace = infra_ref
-        .namespace
-        .clone()
-        .unwrap_or_else(|| world.kcp.namespace().unwrap_or_default());
+    let namespace = world.kcp.namespace().unwrap_or_default();
     let cluster_uid = cluster.uid().unwrap_or_default();
     let memo = format!("{namespace}/{kind}/{name}@{cluster_uid}");
     if ctx
@@ -117,6 +113,17 @@ pub async fn ensure_template_owner(ctx: &Context, world: &World) -> Result<()> {
     {
         return Ok(());
     }
+    // Creating a Machine names a template whose version cannot be told.
+    let Ok(api_version) = ctx
+        .contract_versions
+        .api_version(&infra_ref.api_group, kind)
+        .await
+    else {
+        return Ok(());
+    };
+    let Some((group, version)) = api_version.split_once('/') else {
+        return Ok(());
+    };
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
     let step = format!("{STEP}: own infrastructure template {kind} {namespace}/{name}");
@@ -176,50 +183,46 @@ pub async fn create_machine(
     let owner = kcp
         .controller_owner_ref(&())
         .ok_or_else(|| precondition(format!("{object}: metadata.uid is not set yet")))?;
-    let name = machine_name(&kcp_name);
+    let name = machine_name(kcp.spec.machine_naming.template.as_deref(), &cluster, &kcp_name)
+        .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
     // Born in sync (see sync_machines): template metadata on all three objects.
     let born = super::sync_machines::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
     let labels = born.labels.clone();
 
-    let infra_ref = kcp
-        .spec
-        .machine_template
-        .infrastructure_ref
-        .as_ref()
-        .ok_or_else(|| {
-            precondition(format!(
-                "{object}: spec.machineTemplate.infrastructureRef is required"
-            ))
-        })?;
-    let api_version = infra_ref.api_version.clone().unwrap_or_default();
-    let template_kind = infra_ref.kind.clone().unwrap_or_default();
+    let infra_ref = kcp.infrastructure_ref().ok_or_else(|| {
+        precondition(format!(
+            "{object}: spec.machineTemplate.spec.infrastructureRef is required, with kind and name"
+        ))
+    })?;
+    let template_kind = infra_ref.kind.clone();
     // Checked before any request: the clone's kind and API come from these.
-    let Some((group, version)) = api_version
-        .split_once('/')
-        .filter(|(g, v)| !g.is_empty() && !v.is_empty())
-    else {
-        return Err(precondition(format!(
-            "{object}: spec.machineTemplate.infrastructureRef.apiVersion: {api_version:?} is not <group>/<version>"
-        )));
-    };
     let Some(infra_kind) = template_kind
         .strip_suffix("Template")
         .filter(|k| !k.is_empty())
         .map(str::to_string)
     else {
         return Err(precondition(format!(
-            "{object}: spec.machineTemplate.infrastructureRef.kind: {template_kind:?} does not name a template (<Kind>Template)"
+            "{object}: spec.machineTemplate.spec.infrastructureRef.kind: {template_kind:?} does not name a template (<Kind>Template)"
         )));
     };
+    let api_version = ctx
+        .contract_versions
+        .api_version(&infra_ref.api_group, &template_kind)
+        .await
+        .map_err(|e| {
+            precondition(format!(
+                "{object}: spec.machineTemplate.spec.infrastructureRef: {e}"
+            ))
+        })?;
+    let (group, version) = api_version
+        .split_once('/')
+        .expect("contract versions are <group>/<version>");
     let template_api =
         ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &template_kind));
-    let template_ns = infra_ref
-        .namespace
-        .clone()
-        .unwrap_or_else(|| namespace.clone());
+    let template_ns = namespace.clone();
     let templates: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &template_ns, &template_api);
-    let template_name = infra_ref.name.clone().unwrap_or_default();
+    let template_name = infra_ref.name.clone();
     let template = templates
         .get(&template_name)
         .await
@@ -338,6 +341,7 @@ pub async fn create_machine(
             version: Some(kcp.spec.version.clone()),
             failure_domain: pick_failure_domain(world),
             deletion: super::sync_machines::deletion_timeouts(kcp),
+            extra: readiness_gates(kcp),
             ..MachineSpec::default()
         },
         status: None,
@@ -354,13 +358,25 @@ pub async fn create_machine(
     Ok(name)
 }
 
+/// `spec.readinessGates` of a new Machine: the template's, as written.
+fn readiness_gates(kcp: &crate::api::KThreesControlPlane) -> BTreeMap<String, serde_json::Value> {
+    let gates = &kcp.spec.machine_template.spec.readiness_gates;
+    if gates.is_empty() {
+        return BTreeMap::new();
+    }
+    BTreeMap::from([(
+        "readinessGates".to_string(),
+        serde_json::to_value(gates).expect("readiness gates serialize"),
+    )])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn machine_names_are_prefixed_and_short() {
-        let a = machine_name("kcp");
+        let a = machine_name(None, "c", "kcp").unwrap();
         assert!(a.starts_with("kcp-") && a.len() == "kcp-".len() + 5, "{a}");
         assert!(
             a["kcp-".len()..]

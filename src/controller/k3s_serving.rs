@@ -182,7 +182,7 @@ mod tests {
             "metadata": {"name": "cp", "namespace": "ns"},
             "spec": {
                 "version": "v1.30.2+k3s1",
-                "machineTemplate": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "t"}},
+                "machineTemplate": {"spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "t"}}},
                 "kthreesConfigSpec": {"serverConfig": {"httpsListenPort": port}},
             },
         }))

@@ -8,6 +8,7 @@ pub mod caches;
 pub mod certificate_expiry;
 pub mod cluster_secrets;
 pub mod context;
+pub mod contract_versions;
 pub mod create;
 pub mod error;
 pub mod etcd_leader_move;

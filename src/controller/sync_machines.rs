@@ -355,7 +355,7 @@ pub async fn sync_machines(ctx: &Context, world: &World) -> Result<Vec<Machine>>
         let name = machine.name_any();
         if sync.touches_metadata() {
             let patch = sync.metadata_patch();
-            if let Some(infra) = infrastructure_api(ctx, kcp, machine, &namespace) {
+            if let Some(infra) = infrastructure_api(ctx, machine, &namespace).await {
                 let what = format!(
                     "{} {namespace}/{}",
                     machine.spec.infrastructure_ref.kind, machine.spec.infrastructure_ref.name
@@ -411,25 +411,20 @@ pub async fn sync_machines(ctx: &Context, world: &World) -> Result<Vec<Machine>>
 }
 
 /// The API of the Machine's infrastructure object: its group and kind from the
-/// Machine, the version from `machineTemplate.infrastructureRef.apiVersion`
-/// (the clone was made in that group/version). `None` when the template now
-/// names another group: the version of the Machine's own is unknown.
-fn infrastructure_api(
+/// Machine, the version from its CRD's contract labels (as CAPI reads it).
+/// `None` when the version cannot be told (logged; the next pass retries).
+async fn infrastructure_api(
     ctx: &Context,
-    kcp: &KThreesControlPlane,
     machine: &Machine,
     namespace: &str,
 ) -> Option<Api<DynamicObject>> {
     let r = &machine.spec.infrastructure_ref;
-    let api_version = kcp
-        .spec
-        .machine_template
-        .infrastructure_ref
-        .as_ref()
-        .and_then(|t| t.api_version.as_deref())
-        .unwrap_or_default();
-    match api_version.split_once('/') {
-        Some((group, version)) if group == r.api_group && !r.kind.is_empty() => {
+    if r.kind.is_empty() {
+        return None;
+    }
+    match ctx.contract_versions.api_version(&r.api_group, &r.kind).await {
+        Ok(api_version) => {
+            let (group, version) = api_version.split_once('/')?;
             let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &r.kind));
             Some(Api::namespaced_with(
                 ctx.client.clone(),
@@ -437,11 +432,10 @@ fn infrastructure_api(
                 &resource,
             ))
         }
-        _ => {
+        Err(e) => {
             debug!(
                 machine = %machine.name_any(),
-                infrastructure = %format!("{}/{}", r.api_group, r.kind),
-                template = %api_version,
+                error = %e,
                 "infrastructure object not synced: its version is unknown"
             );
             None
@@ -474,16 +468,11 @@ where
 /// `spec.deletion` of a new Machine from the control plane's
 /// `machineTemplate.node*Timeout` (Go durations; v1beta2 Machines take seconds).
 pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<MachineDeletionSpec> {
-    let t = &kcp.spec.machine_template;
-    let seconds = |d: &Option<crate::api::refs::GoDuration>| {
-        d.as_ref()
-            .and_then(|d| d.non_negative())
-            .map(|d| d.as_secs().min(i32::MAX as u64) as i32)
-    };
+    let d = &kcp.spec.machine_template.spec.deletion;
     let spec = MachineDeletionSpec {
-        node_drain_timeout_seconds: seconds(&t.node_drain_timeout),
-        node_volume_detach_timeout_seconds: seconds(&t.node_volume_detach_timeout),
-        node_deletion_timeout_seconds: seconds(&t.node_deletion_timeout),
+        node_drain_timeout_seconds: d.node_drain_timeout_seconds,
+        node_volume_detach_timeout_seconds: d.node_volume_detach_timeout_seconds,
+        node_deletion_timeout_seconds: d.node_deletion_timeout_seconds,
         ..MachineDeletionSpec::default()
     };
     (!spec.is_empty()).then_some(spec)
@@ -493,19 +482,19 @@ pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<Machin
 mod tests {
     use super::*;
 
-    fn kcp(metadata: Value, drain: Option<&str>) -> KThreesControlPlane {
+    fn kcp(metadata: Value, drain_seconds: Option<i32>) -> KThreesControlPlane {
         let mut template = json!({
             "metadata": metadata,
-            "infrastructureRef": {
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"
-            }
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io",
+                "kind": "DockerMachineTemplate", "name": "t"
+            }}
         });
-        if let Some(d) = drain {
-            template["nodeDrainTimeout"] = json!(d);
+        if let Some(d) = drain_seconds {
+            template["spec"]["deletion"] = json!({"nodeDrainTimeoutSeconds": d});
         }
         serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns", "uid": "u1"},
             "spec": {"replicas": 3, "version": "v1.30.2+k3s2", "machineTemplate": template}
         }))
@@ -654,8 +643,8 @@ mod tests {
 
     #[test]
     fn a_changed_timeout_is_set_on_the_machine_only() {
-        let before = kcp(json!({}), Some("30s"));
-        let after = kcp(json!({}), Some("1m"));
+        let before = kcp(json!({}), Some(30));
+        let after = kcp(json!({}), Some(60));
         let sync = plan_sync(&after, &synced(&before, json!({}))).expect("a sync");
         assert_eq!(sync.deletion, BTreeMap::from([(DRAIN, Some(60))]));
         assert!(
@@ -674,7 +663,7 @@ mod tests {
 
     #[test]
     fn a_timeout_removed_from_the_template_is_removed_if_we_set_it() {
-        let before = kcp(json!({"labels": {"team": "blue"}}), Some("30s"));
+        let before = kcp(json!({"labels": {"team": "blue"}}), Some(30));
         let after = kcp(json!({"labels": {"team": "blue"}}), None);
         let sync = plan_sync(&after, &synced(&before, json!({}))).expect("a sync");
         assert_eq!(sync.deletion, BTreeMap::from([(DRAIN, None)]));
@@ -685,7 +674,7 @@ mod tests {
         for template in [
             kcp(
                 json!({"labels": {"team": "blue"}, "annotations": {"note": "x"}}),
-                Some("30s"),
+                Some(30),
             ),
             kcp(json!({}), None),
         ] {
@@ -697,7 +686,7 @@ mod tests {
     fn a_machine_without_record_gets_everything_and_loses_nothing() {
         let after = kcp(
             json!({"labels": {"team": "blue"}, "annotations": {"note": "x"}}),
-            Some("30s"),
+            Some(30),
         );
         let m = machine(
             json!({CLUSTER_NAME_LABEL: "c", "old": "label"}),
@@ -745,7 +734,7 @@ mod tests {
         // What create.rs writes is what plan_sync expects.
         let template = kcp(
             json!({"labels": {"team": "blue"}, "annotations": {"note": "x"}}),
-            Some("5m"),
+            Some(300),
         );
         let born = born_metadata(
             &template,
@@ -781,7 +770,7 @@ mod tests {
         let before = kcp(json!({"labels": {"old": "1"}}), None);
         let after = kcp(
             json!({"labels": {"team": "blue"}, "annotations": {"secretish": "s3cr3t"}}),
-            Some("1m"),
+            Some(60),
         );
         let text = plan_sync(&after, &synced(&before, json!({})))
             .unwrap()

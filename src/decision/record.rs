@@ -156,11 +156,11 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
 }
 
 /// The KThreesControlPlane condition that says whether any Machine's
-/// certificates expire within the window: `rolloutBefore.certificatesExpiryDays`,
+/// certificates expire within the window: `rollout.before.certificatesExpiryDays`,
 /// else [`CERTIFICATES_WARNING_DAYS`].
 pub const CERTIFICATES_EXPIRING: &str = "CertificatesExpiring";
 
-/// The warning window when `rolloutBefore.certificatesExpiryDays` is unset.
+/// The warning window when `rollout.before.certificatesExpiryDays` is unset.
 pub const CERTIFICATES_WARNING_DAYS: i32 = 30;
 
 /// A cluster CA is reported this long before it expires: no rollout renews
@@ -228,9 +228,9 @@ fn certificates_condition(
         }
     } else {
         let then = if rollout_before_days.is_some() {
-            "they are rolled out (rolloutBefore.certificatesExpiryDays)"
+            "they are rolled out (rollout.before.certificatesExpiryDays)"
         } else {
-            "set spec.rolloutBefore.certificatesExpiryDays to roll them out in time"
+            "set spec.rollout.before.certificatesExpiryDays to roll them out in time"
         };
         (
             "True",
@@ -396,7 +396,7 @@ mod tests {
 
     fn valid_spec() -> serde_json::Value {
         json!({"replicas": 3, "version": "v1.30.2+k3s2",
-               "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}})
+               "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}})
     }
 
     fn proceed(w: &World) -> Lifecycle {
@@ -409,7 +409,7 @@ mod tests {
     fn an_invalid_spec_is_a_refusal_with_a_warning_and_acts_on_nothing() {
         let w = world(
             json!({"replicas": 2, "version": "v1.30.2+k3s2",
-                   "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}}),
+                   "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}}),
             Some("c"),
         );
         let decision = decide(&w, proceed(&w));

@@ -562,7 +562,7 @@ mod tests {
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
             "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"infrastructureRef": {"kind": "T", "name": "t"}}},
+                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}},
             // What an earlier reconcile wrote: 3 of 3 healthy.
             "status": {"etcd": {"members": 3, "voters": 3, "healthyVoters": 3, "quorum": 2,
                                 "quorumMargin": 1, "voterHealth": "3/3"}}

@@ -202,10 +202,18 @@ pub fn control_plane_view(
                     .collect()
             })
             .unwrap_or_default(),
-        // ClusterClass topology upgrades are not read yet: nothing is pending.
-        pending_topology_version: None,
+        pending_topology_version: pending_topology_version(world),
         machines,
     })
+}
+
+/// The Cluster topology's version while it differs from ours: CAPI's topology
+/// controller has yet to carry it to `spec.version` (it waits for the control
+/// plane to be stable first), and remediating now would make a Machine of the
+/// version about to be replaced (KCP's rule).
+fn pending_topology_version(world: &World) -> Option<String> {
+    let topology = world.cluster.as_ref()?.topology_version()?;
+    (topology != world.kcp.spec.version).then(|| topology.to_string())
 }
 
 /// Whether the rules must treat the control plane as initialized, so that
@@ -464,7 +472,7 @@ mod tests {
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns"},
             "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
         }))
         .unwrap();
         World {

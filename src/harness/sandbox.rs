@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Pod, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
@@ -26,7 +27,7 @@ use crate::api::machine::{
     Bootstrap, MachineAddress, MachineNodeReference, MachineSpec, MachineStatus,
 };
 use crate::api::names::{
-    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
+    CLUSTER_NAME_LABEL, CONTRACT_LABEL_V1BETA1, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
     K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, NODE_ROLE_CONTROL_PLANE_LABEL,
     NODE_ROLE_ETCD_LABEL,
 };
@@ -92,15 +93,64 @@ pub async fn management_server_with(
     for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
         builder = builder.resource(ResourceDef::from_crd(crd));
     }
-    builder
+    let server = builder
         .resource(ResourceDef::new(
             docker_machine_template(),
             Scope::Namespaced,
         ))
         .resource(ResourceDef::new(docker_machine(), Scope::Namespaced).with_status())
+        .resource(ResourceDef::of::<CustomResourceDefinition>())
         .start()
         .await
-        .map_err(|e| SandboxError(format!("management API server: {e}")))
+        .map_err(|e| SandboxError(format!("management API server: {e}")))?;
+    install_crd_objects(&server.client()).await?;
+    Ok(server)
+}
+
+/// The CustomResourceDefinition objects of every kind the sandbox serves, as
+/// a management cluster has them: the controller reads their CAPI contract
+/// labels to tell the API version of a kind referenced by group only.
+pub async fn install_crd_objects(client: &kube::Client) -> Result<(), SandboxError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let infrastructure = [docker_machine_template(), docker_machine()]
+        .into_iter()
+        .map(|r| infrastructure_crd(&r));
+    for crd in crds::ours()
+        .into_iter()
+        .chain(crds::test_support_crds())
+        .chain(infrastructure)
+    {
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => {
+                return Err(SandboxError(format!(
+                    "create CustomResourceDefinition {}: {e}",
+                    crd.name_any()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A CRD object for an infrastructure kind, labelled for the v1beta1
+/// contract at its one version (as a provider of that contract labels it).
+pub fn infrastructure_crd(resource: &ApiResource) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{}.{}", resource.plural, resource.group),
+            "labels": {CONTRACT_LABEL_V1BETA1: resource.version},
+        },
+        "spec": {
+            "group": resource.group, "scope": "Namespaced",
+            "names": {"kind": resource.kind, "plural": resource.plural},
+            "versions": [{"name": resource.version, "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    }))
+    .expect("a well-formed CustomResourceDefinition")
 }
 
 /// A `Cluster` whose control plane is the KThreesControlPlane `kcp`.
@@ -121,7 +171,7 @@ pub fn cluster_object(name: &str, kcp: &str) -> Cluster {
 pub fn kcp_object(name: &str, cluster: &Cluster, replicas: i32) -> KThreesControlPlane {
     let cluster_name = cluster.name_any();
     serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {
             "name": name, "namespace": NAMESPACE,
             "labels": {CLUSTER_NAME_LABEL: cluster_name},
@@ -132,12 +182,12 @@ pub fn kcp_object(name: &str, cluster: &Cluster, replicas: i32) -> KThreesContro
         },
         "spec": {
             "replicas": replicas, "version": VERSION,
-            "machineTemplate": {"infrastructureRef": {
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate",
-                "name": format!("{name}-template"), "namespace": NAMESPACE
-            }},
+            "machineTemplate": {"spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate",
+                "name": format!("{name}-template")
+            }}},
             "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}},
-            "remediationStrategy": {"minHealthyPeriod": "1h"}
+            "remediation": {"minHealthyPeriodSeconds": 3600}
         }
     }))
     .expect("a well-formed KThreesControlPlane")

@@ -97,7 +97,7 @@ impl RemediationData {
     }
 }
 
-/// `spec.remediationStrategy`, defaults applied.
+/// `spec.remediation`, defaults applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemediationStrategy {
     /// `None`: retry forever.

@@ -1,4 +1,4 @@
-//! Retry limits of MHC remediation (`remediationStrategy`), as CAPI KCP applies them.
+//! Retry limits of MHC remediation (`spec.remediation`), as CAPI KCP applies them.
 //!
 //! A replacement Machine carries `remediation-for` (the remediation it replaced).
 //! If it fails again within `minHealthyPeriod`, that is a retry of the same

@@ -95,7 +95,7 @@ pub fn decide_rollout(view: &ControlPlaneView, max_surge: u32) -> Option<Rollout
                 step: RolloutStep::Wait { progress: false },
                 rule: "rollout.too-few-voters-to-remove-first".into(),
                 message: format!(
-                    "{progress}; maxSurge 0 removes a machine before its replacement exists, which needs at least {MIN_HEALTHY_VOTERS_FOR_REMOVE_FIRST} healthy voters ({healthy} healthy); set rolloutStrategy.rollingUpdate.maxSurge to 1"
+                    "{progress}; maxSurge 0 removes a machine before its replacement exists, which needs at least {MIN_HEALTHY_VOTERS_FOR_REMOVE_FIRST} healthy voters ({healthy} healthy); set spec.rollout.strategy.rollingUpdate.maxSurge to 1"
                 ),
             });
         }

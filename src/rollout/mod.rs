@@ -30,16 +30,8 @@ pub fn desired(kcp: &KThreesControlPlane) -> Desired {
             &serde_json::to_value(&kcp.spec.kthrees_config_spec.server_config)
                 .expect("a KThreesServerConfig always serializes"),
         ),
-        rollout_after: kcp
-            .spec
-            .rollout_after
-            .as_ref()
-            .map(crate::api::time::to_chrono),
-        certificates_expiry_days: kcp
-            .spec
-            .rollout_before
-            .as_ref()
-            .and_then(|r| r.certificates_expiry_days),
+        rollout_after: kcp.rollout_after().map(crate::api::time::to_chrono),
+        certificates_expiry_days: kcp.certificates_expiry_days(),
     }
 }
 

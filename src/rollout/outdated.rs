@@ -2,7 +2,7 @@
 //!
 //! A Machine is outdated when (as CAPI's KCP `UpToDate`):
 //! - its `spec.version` differs from the control plane's `spec.version`;
-//! - `spec.rolloutAfter` has passed and the Machine was created before it;
+//! - `spec.rollout.after` has passed and the Machine was created before it;
 //! - the spec it was made from (its recorded spec hash) differs from the
 //!   current one;
 //! - it has no spec hash (made by cluster-api-k3s before a migration) but
@@ -26,7 +26,7 @@ pub struct Desired {
     /// `serverConfig` as [`super::spec_hash::server_config_fingerprint`] compares it.
     pub server_config: serde_json::Value,
     pub rollout_after: Option<DateTime<Utc>>,
-    /// `spec.rolloutBefore.certificatesExpiryDays`.
+    /// `spec.rollout.before.certificatesExpiryDays`.
     pub certificates_expiry_days: Option<i32>,
 }
 
@@ -61,7 +61,7 @@ pub enum OutdatedReason {
     },
     /// A migrated Machine's recorded `serverConfig` differs from the current one.
     ServerConfig,
-    /// Its certificates expire within `spec.rolloutBefore.certificatesExpiryDays`.
+    /// Its certificates expire within `spec.rollout.before.certificatesExpiryDays`.
     CertificatesExpiring {
         at: DateTime<Utc>,
         days: i32,
@@ -73,7 +73,7 @@ impl OutdatedReason {
     pub fn kind(&self) -> &'static str {
         match self {
             OutdatedReason::Version { .. } => "version",
-            OutdatedReason::RolloutAfter { .. } => "rolloutAfter",
+            OutdatedReason::RolloutAfter { .. } => "rollout.after",
             OutdatedReason::Spec { .. } => "spec",
             OutdatedReason::ServerConfig => "serverConfig",
             OutdatedReason::CertificatesExpiring { .. } => "certificatesExpiring",
@@ -91,7 +91,7 @@ impl fmt::Display for OutdatedReason {
             ),
             OutdatedReason::RolloutAfter { at } => write!(
                 f,
-                "rolloutAfter {} passed and the Machine is older",
+                "rollout.after {} passed and the Machine is older",
                 at.to_rfc3339_opts(SecondsFormat::Secs, true)
             ),
             OutdatedReason::Spec { has, wants } => write!(
@@ -105,7 +105,7 @@ impl fmt::Display for OutdatedReason {
             ),
             OutdatedReason::CertificatesExpiring { at, days } => write!(
                 f,
-                "certificates expire at {}, within rolloutBefore.certificatesExpiryDays ({days} days)",
+                "certificates expire at {}, within rollout.before.certificatesExpiryDays ({days} days)",
                 at.to_rfc3339_opts(SecondsFormat::Secs, true)
             ),
         }
@@ -285,7 +285,7 @@ mod tests {
                 with_after(5),
                 made("v1.31.0+k3s1", Some("aaaa"), 1),
                 10,
-                vec!["rolloutAfter"],
+                vec!["rollout.after"],
             ),
             (
                 "rollout_after_passed_machine_newer",
@@ -352,7 +352,7 @@ mod tests {
                 with_after(5),
                 made("v1.30.2+k3s2", Some("bbbb"), 1),
                 10,
-                vec!["version", "rolloutAfter", "spec"],
+                vec!["version", "rollout.after", "spec"],
             ),
         ];
         for (name, desired, machine, now, want) in cases {
@@ -373,7 +373,7 @@ mod tests {
         );
         assert_eq!(
             describe(&got),
-            "version v1.30.2+k3s2 -> v1.31.0+k3s1; rolloutAfter 2026-06-01T05:00:00Z passed and \
+            "version v1.30.2+k3s2 -> v1.31.0+k3s1; rollout.after 2026-06-01T05:00:00Z passed and \
              the Machine is older; kthreesConfigSpec or infrastructure template changed (spec hash bbbb -> aaaa)"
         );
     }

@@ -4,10 +4,10 @@
 //!
 //! Covered: `kthreesConfigSpec` (what the bootstrap provider renders into the
 //! server's cloud-init) and the infrastructure template's group, kind, name
-//! and namespace. Not covered, because they change in place
+//! and namespace (the control plane's own). Not covered, because they change in place
 //! (see [`crate::controller::sync_machines`]) or are compared on their own:
 //! `machineTemplate.metadata`, the node drain/volume detach/deletion timeouts,
-//! `version` and `rolloutAfter`. The infrastructure template's API *version*
+//! `version` and `rollout.after`. The infrastructure template's API *version*
 //! is left out too: serving the same template under a newer API version is
 //! not a new template.
 
@@ -24,23 +24,21 @@ const HASH_LEN: usize = 16;
 /// The spec hash of `kcp`'s current Machine spec.
 pub fn spec_hash(kcp: &KThreesControlPlane) -> String {
     let namespace = kcp.metadata.namespace.clone().unwrap_or_default();
-    let infra = kcp.spec.machine_template.infrastructure_ref.as_ref();
-    let group = infra
-        .and_then(|r| r.api_version.as_deref())
-        .map(|v| v.split_once('/').map(|(g, _)| g).unwrap_or(""))
-        .unwrap_or("");
+    let infra = &kcp.spec.machine_template.spec.infrastructure_ref;
     let mut config = serde_json::to_value(&kcp.spec.kthrees_config_spec)
         .expect("a KThreesConfigSpec always serializes");
     if let Some(server) = config.get_mut("serverConfig") {
         *server = server_config_fingerprint(server);
     }
+    // The same input as when the reference carried a namespace (always the
+    // control plane's own): Machines made before v1beta3 keep their hash.
     let input = serde_json::json!({
         "kthreesConfigSpec": config,
         "infrastructure": {
-            "group": group,
-            "kind": infra.and_then(|r| r.kind.as_deref()).unwrap_or(""),
-            "name": infra.and_then(|r| r.name.as_deref()).unwrap_or(""),
-            "namespace": infra.and_then(|r| r.namespace.clone()).unwrap_or(namespace),
+            "group": infra.api_group,
+            "kind": infra.kind,
+            "name": infra.name,
+            "namespace": namespace,
         },
     });
     hash_value(&input)
@@ -114,12 +112,12 @@ mod tests {
 
     fn kcp(spec: Value) -> KThreesControlPlane {
         let mut base = json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns"},
             "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"infrastructureRef": {
-                         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                         "kind": "DockerMachineTemplate", "name": "t"}},
+                     "machineTemplate": {"spec": {"infrastructureRef": {
+                         "apiGroup": "infrastructure.cluster.x-k8s.io",
+                         "kind": "DockerMachineTemplate", "name": "t"}}},
                      "kthreesConfigSpec": {"serverConfig": {"disableComponents": ["traefik"]}}}
         });
         merge(&mut base["spec"], spec);
@@ -139,6 +137,15 @@ mod tests {
 
     fn base() -> String {
         spec_hash(&kcp(json!({})))
+    }
+
+    /// Machines carry the hash they were made with: the storage version of
+    /// the spec may change (v1beta2 to v1beta3), the hash of the same servers
+    /// must not, or every Machine would be rolled out after an upgrade. The
+    /// input is still group, kind, name and namespace of the template.
+    #[test]
+    fn the_hash_of_the_same_servers_is_pinned() {
+        assert_eq!(base(), "ec0df4de64adae46");
     }
 
     #[test]
@@ -173,19 +180,15 @@ mod tests {
             ),
             (
                 "template name",
-                json!({"machineTemplate": {"infrastructureRef": {"name": "t2"}}}),
+                json!({"machineTemplate": {"spec": {"infrastructureRef": {"name": "t2"}}}}),
             ),
             (
                 "template kind",
-                json!({"machineTemplate": {"infrastructureRef": {"kind": "AWSMachineTemplate"}}}),
+                json!({"machineTemplate": {"spec": {"infrastructureRef": {"kind": "AWSMachineTemplate"}}}}),
             ),
             (
                 "template group",
-                json!({"machineTemplate": {"infrastructureRef": {"apiVersion": "infrastructure.example.com/v1"}}}),
-            ),
-            (
-                "template namespace",
-                json!({"machineTemplate": {"infrastructureRef": {"namespace": "other"}}}),
+                json!({"machineTemplate": {"spec": {"infrastructureRef": {"apiGroup": "infrastructure.example.com"}}}}),
             ),
         ] {
             assert_ne!(
@@ -202,8 +205,8 @@ mod tests {
             ("version", json!({"version": "v1.31.0+k3s1"})),
             ("replicas", json!({"replicas": 5})),
             (
-                "rolloutAfter",
-                json!({"rolloutAfter": "2026-01-01T00:00:00Z"}),
+                "rollout.after",
+                json!({"rollout": {"after": "2026-01-01T00:00:00Z"}}),
             ),
             (
                 "template metadata",
@@ -211,15 +214,7 @@ mod tests {
             ),
             (
                 "drain timeout",
-                json!({"machineTemplate": {"nodeDrainTimeout": "10m"}}),
-            ),
-            (
-                "template API version",
-                json!({"machineTemplate": {"infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2"}}}),
-            ),
-            (
-                "explicit namespace equal to the control plane's",
-                json!({"machineTemplate": {"infrastructureRef": {"namespace": "ns"}}}),
+                json!({"machineTemplate": {"spec": {"deletion": {"nodeDrainTimeoutSeconds": 600}}}}),
             ),
             (
                 "empty lists and strings",
@@ -227,7 +222,7 @@ mod tests {
             ),
             (
                 "maxSurge",
-                json!({"rolloutStrategy": {"rollingUpdate": {"maxSurge": 0}}}),
+                json!({"rollout": {"strategy": {"rollingUpdate": {"maxSurge": 0}}}}),
             ),
             (
                 "cluster-api-k3s's defaults written out (the API server defaults them)",

@@ -1,6 +1,6 @@
-//! The conversion webhook: cluster-api-k3s users' `v1beta1`
-//! KThreesControlPlane objects, converted to and from the `v1beta2` we store
-//! ([`crate::api::v1beta1`] holds the conversion). Served over TLS by the
+//! The conversion webhook: KThreesControlPlane(Template) objects in
+//! cluster-api-k3s's `v1beta1` and `v1beta2`, converted to and from the
+//! `v1beta3` we store ([`crate::api::conversion`]). Served over TLS by the
 //! controller process; the API server reaches it through the Service the
 //! clusterctl components carry, trusting the CA cert-manager injects into the
 //! CRD.

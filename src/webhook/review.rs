@@ -1,15 +1,28 @@
 //! `apiextensions.k8s.io/v1` `ConversionReview`: the API server's request to
-//! convert objects, and our answer. Pure.
+//! convert objects, and our answer. Pure: the API versions a down-conversion
+//! may need ([`needed_versions`]) are looked up by the server first.
 
 use serde_json::{Value, json};
 
-use crate::api::v1beta1::convert;
+use crate::api::conversion::{ApiVersions, convert, versions_needed};
+
+/// The (group, kind) pairs whose API version answering `review` may need.
+pub fn needed_versions(review: &Value) -> Vec<(String, String)> {
+    let request = &review["request"];
+    let (Some(desired), Some(objects)) = (
+        request["desiredAPIVersion"].as_str(),
+        request["objects"].as_array(),
+    ) else {
+        return Vec::new();
+    };
+    versions_needed(objects, desired)
+}
 
 /// Answer one review: every object converted to `request.desiredAPIVersion`,
 /// or a `Failure` naming the first object and field that could not be.
 /// Returns `Err` only when the review itself is malformed (no `request.uid`),
 /// which the server answers with HTTP 400.
-pub fn answer(review: &Value) -> Result<Value, String> {
+pub fn answer(review: &Value, versions: &dyn ApiVersions) -> Result<Value, String> {
     let request = review
         .get("request")
         .filter(|r| r.is_object())
@@ -18,7 +31,7 @@ pub fn answer(review: &Value) -> Result<Value, String> {
         .get("uid")
         .and_then(Value::as_str)
         .ok_or("ConversionReview: request.uid: missing")?;
-    let response = match converted(request) {
+    let response = match converted(request, versions) {
         Ok(objects) => json!({
             "uid": uid,
             "convertedObjects": objects,
@@ -36,7 +49,7 @@ pub fn answer(review: &Value) -> Result<Value, String> {
     }))
 }
 
-fn converted(request: &Value) -> Result<Vec<Value>, String> {
+fn converted(request: &Value, versions: &dyn ApiVersions) -> Result<Vec<Value>, String> {
     let desired = request
         .get("desiredAPIVersion")
         .and_then(Value::as_str)
@@ -47,14 +60,18 @@ fn converted(request: &Value) -> Result<Vec<Value>, String> {
         .ok_or("ConversionReview: request.objects: missing")?;
     objects
         .iter()
-        .map(|o| convert(o, desired).map_err(|e| e.to_string()))
+        .map(|o| convert(o, desired, versions).map_err(|e| e.to_string()))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1beta1::{V1BETA1, V1BETA2};
+    use crate::api::conversion::{KnownApiVersions, V1BETA1, V1BETA2};
+
+    fn answer(review: &Value) -> Result<Value, String> {
+        super::answer(review, &KnownApiVersions::new())
+    }
 
     fn object(version: &str) -> Value {
         json!({"apiVersion": version, "kind": "KThreesControlPlane",

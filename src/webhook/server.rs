@@ -18,7 +18,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::review::answer;
+use super::review::{answer, needed_versions};
+use crate::api::conversion::KnownApiVersions;
+use crate::controller::contract_versions::ContractVersions;
 
 /// CAPI's convention for where a provider's webhook certificate is mounted.
 pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
@@ -135,7 +137,10 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-async fn convert(body: axum::body::Bytes) -> (StatusCode, axum::Json<serde_json::Value>) {
+async fn convert(
+    axum::extract::State(lookup): axum::extract::State<Option<Arc<ContractVersions>>>,
+    body: axum::body::Bytes,
+) -> (StatusCode, axum::Json<serde_json::Value>) {
     let review: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -145,7 +150,20 @@ async fn convert(body: axum::body::Bytes) -> (StatusCode, axum::Json<serde_json:
             );
         }
     };
-    match answer(&review) {
+    // A version that cannot be told is left out: the object's annotation may
+    // still hold it, and otherwise the conversion names what is missing.
+    let mut versions = KnownApiVersions::new();
+    if let Some(lookup) = &lookup {
+        for (group, kind) in needed_versions(&review) {
+            match lookup.api_version(&group, &kind).await {
+                Ok(v) => {
+                    versions.insert((group, kind), v);
+                }
+                Err(e) => tracing::debug!(error = %e, "conversion: API version unknown"),
+            }
+        }
+    }
+    match answer(&review, &versions) {
         Ok(response) => (StatusCode::OK, axum::Json(response)),
         Err(e) => (
             StatusCode::BAD_REQUEST,
@@ -158,6 +176,7 @@ async fn convert(body: axum::body::Bytes) -> (StatusCode, axum::Json<serde_json:
 pub struct Webhook {
     listener: TlsListener,
     cert: Arc<ReloadingCert>,
+    versions: Option<Arc<ContractVersions>>,
 }
 
 impl Webhook {
@@ -184,7 +203,15 @@ impl Webhook {
                 acceptor: TlsAcceptor::from(Arc::new(config)),
             },
             cert,
+            versions: None,
         })
+    }
+
+    /// Look up the API versions a down-conversion from v1beta3 may need
+    /// (an infrastructure template's, from its CRD's contract labels).
+    pub fn with_contract_versions(mut self, client: kube::Client) -> Self {
+        self.versions = Some(Arc::new(ContractVersions::new(client)));
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -203,7 +230,9 @@ impl Webhook {
                 }
             }
         });
-        let app = Router::new().route("/convert", post(convert));
+        let app = Router::new()
+            .route("/convert", post(convert))
+            .with_state(self.versions.clone());
         let _ = axum::serve(self.listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
             .await;

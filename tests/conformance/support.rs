@@ -24,8 +24,8 @@ pub const HOLD: &str = "conformance.k3s-control-plane.io/hold";
 pub fn kcp_resource() -> ApiResource {
     ApiResource {
         group: KCP_GROUP.into(),
-        version: "v1beta2".into(),
-        api_version: format!("{KCP_GROUP}/v1beta2"),
+        version: "v1beta3".into(),
+        api_version: format!("{KCP_GROUP}/v1beta3"),
         kind: "KThreesControlPlane".into(),
         plural: "kthreescontrolplanes".into(),
     }
@@ -37,13 +37,13 @@ pub fn kcp(name: &str) -> DynamicObject {
         "spec": {
             "version": "v1.30.2+k3s2",
             "replicas": 3,
-            "machineTemplate": {
+            "machineTemplate": {"spec": {
                 "infrastructureRef": {
-                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                    "apiGroup": "infrastructure.cluster.x-k8s.io",
                     "kind": "DockerMachineTemplate",
                     "name": "cp-template"
                 }
-            }
+            }}
         }
     }))
 }

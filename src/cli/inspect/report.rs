@@ -153,7 +153,7 @@ pub struct MachineRow {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutReport {
-    /// `rolloutStrategy.rollingUpdate.maxSurge`; `None` when invalid.
+    /// `rollout.strategy.rollingUpdate.maxSurge`; `None` when invalid.
     pub max_surge: Option<u32>,
     /// `<machine> (<reasons>)` for each outdated Machine not deleting.
     pub outdated: Vec<String>,
@@ -653,10 +653,10 @@ mod report_tests {
                          "finalizers": [crate::api::names::KCP_FINALIZER]},
             "spec": {
                 "replicas": 3, "version": "v1.30.2+k3s2",
-                "machineTemplate": {"infrastructureRef": {
-                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                    "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"
-                }}
+                "machineTemplate": {"spec": {"infrastructureRef": {
+                    "apiGroup": "infrastructure.cluster.x-k8s.io",
+                    "kind": "DockerMachineTemplate", "name": "t"
+                }}}
             },
             "status": {"initialized": true}
         }))

@@ -584,7 +584,7 @@ mod tests {
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "default"},
             "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}
+                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
         }))
         .unwrap();
         let requeue = super::super::guarded_reconcile(Arc::new(kcp), ctx.clone())
