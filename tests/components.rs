@@ -150,7 +150,7 @@ fn with_defaults_substituted_every_object_is_a_valid_kubernetes_object() {
 }
 
 #[test]
-fn the_crds_are_ours_with_the_v1beta1_contract_label_only() {
+fn the_crds_are_ours_with_each_contract_label_listing_its_versions() {
     let docs = with_defaults(&Options::default());
     let crds: Vec<&Value> = docs
         .iter()
@@ -162,11 +162,19 @@ fn the_crds_are_ours_with_the_v1beta1_contract_label_only() {
         let mut expected = serde_json::to_value(crd).unwrap();
         expected["metadata"]["labels"][PROVIDER_LABEL] = PROVIDER_NAME.into();
         assert_eq!(**doc, expected);
+        let v1beta1_contract = if doc["spec"]["names"]["kind"] == "KThreesControlPlane" {
+            "v1beta1_v1beta2"
+        } else {
+            "v1beta2"
+        };
         assert_eq!(
             doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta1"],
-            "v1beta1_v1beta2"
+            v1beta1_contract
         );
-        assert!(doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"].is_null());
+        assert_eq!(
+            doc["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
+            "v1beta3"
+        );
     }
 }
 
@@ -368,12 +376,27 @@ fn rbac_is_narrow_no_wildcard_verbs_no_listing_secrets_leases_only_at_home() {
 }
 
 #[test]
-fn namespace_scoped_components_grant_nothing_cluster_wide() {
+fn namespace_scoped_components_grant_only_crd_reads_cluster_wide() {
     let options = Options {
         watch_namespace: Some("tenant-a".into()),
     };
     let docs = with_defaults(&options);
-    assert!(!docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"));
+    // CRDs are cluster-scoped: reading one by name is all that is granted
+    // beyond the namespace.
+    let cluster_wide: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .collect();
+    assert_eq!(cluster_wide.len(), 1);
+    assert_eq!(
+        cluster_wide[0]["roleRef"]["name"],
+        components::CONTRACT_VERSIONS_ROLE
+    );
+    let role = find(&docs, "ClusterRole", components::CONTRACT_VERSIONS_ROLE);
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"]}])
+    );
     for role in [components::MANAGER_ROLE, components::SECRETS_ROLE] {
         let binding = find(&docs, "RoleBinding", role);
         assert_eq!(binding["metadata"]["namespace"], "tenant-a");
@@ -426,7 +449,11 @@ fn the_conversion_webhook_is_wired_from_crd_to_pod() {
         .collect();
     assert_eq!(
         versions,
-        vec![("v1beta2", true, true), ("v1beta1", true, false)]
+        vec![
+            ("v1beta3", true, true),
+            ("v1beta2", true, false),
+            ("v1beta1", true, false)
+        ]
     );
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];

@@ -169,7 +169,7 @@ async fn a_bad_infrastructure_reference_fails_naming_the_object_and_field() {
     let text = err.to_string();
     assert!(
         text.contains("KThreesControlPlane default/demo-control-plane")
-            && text.contains("spec.machineTemplate.infrastructureRef.kind"),
+            && text.contains("spec.machineTemplate.spec.infrastructureRef.kind"),
         "{text}"
     );
     let machines = sandbox

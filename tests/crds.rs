@@ -88,36 +88,87 @@ fn no_version_is_listed_under_two_capi_contracts() {
     }
 }
 
+/// Each CAPI contract lists the versions of its own shape: v1beta3 (the
+/// v1beta2 contract's `machineTemplate.spec.infrastructureRef`) under
+/// v1beta2, cluster-api-k3s's versions (`machineTemplate.infrastructureRef`)
+/// under v1beta1; CAPI's lookup picks v1beta3.
 #[test]
-fn every_crd_declares_the_v1beta1_contract_only() {
+fn each_contract_lists_the_versions_of_its_shape() {
     for crd in crds::ours() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
         let labels = crd.metadata.labels.clone().unwrap_or_default();
+        let control_plane = crd.spec.names.kind == "KThreesControlPlane";
+        let v1beta1_contract = if control_plane {
+            "v1beta1_v1beta2"
+        } else {
+            "v1beta2"
+        };
         assert_eq!(
             labels.get("cluster.x-k8s.io/v1beta1").map(String::as_str),
-            Some("v1beta1_v1beta2"),
-            "{:?}",
-            crd.metadata.name
+            Some(v1beta1_contract),
+            "{name}"
         );
         assert_eq!(
-            labels.get("cluster.x-k8s.io/v1beta2"),
-            None,
-            "our versions do not have the v1beta2 contract's spec shape"
+            labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str),
+            Some("v1beta3"),
+            "{name}"
+        );
+        assert_eq!(
+            k3s_control_plane::api::contract::version_for_contract(&labels).as_deref(),
+            Some("v1beta3"),
+            "{name}: what CAPI uses"
         );
         assert_eq!(crd.spec.group, "controlplane.cluster.x-k8s.io");
-        // v1beta2 is stored; the KThreesControlPlane also serves
-        // cluster-api-k3s's v1beta1, converted by our webhook.
         let versions: Vec<(&str, bool)> = crd
             .spec
             .versions
             .iter()
             .map(|v| (v.name.as_str(), v.storage))
             .collect();
-        let want: &[(&str, bool)] = if crd.spec.names.kind == "KThreesControlPlane" {
-            &[("v1beta2", true), ("v1beta1", false)]
+        let want: &[(&str, bool)] = if control_plane {
+            &[("v1beta3", true), ("v1beta2", false), ("v1beta1", false)]
         } else {
-            &[("v1beta2", true)]
+            &[("v1beta3", true), ("v1beta2", false)]
         };
-        assert_eq!(versions, want, "{:?}", crd.metadata.name);
+        assert_eq!(versions, want, "{name}");
+        assert_eq!(
+            crd.spec.conversion.as_ref().map(|c| c.strategy.as_str()),
+            Some("Webhook"),
+            "{name}"
+        );
+        if !control_plane {
+            continue;
+        }
+        let spec_of = |version: &str| {
+            let v = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.name == version)
+                .unwrap();
+            serde_json::to_value(
+                v.schema
+                    .as_ref()
+                    .unwrap()
+                    .open_api_v3_schema
+                    .as_ref()
+                    .unwrap(),
+            )
+            .unwrap()["properties"]["spec"]["properties"]
+                .clone()
+        };
+        let template = &spec_of("v1beta3")["machineTemplate"]["properties"];
+        assert!(
+            template["spec"]["properties"]["infrastructureRef"]["properties"]["apiGroup"]
+                .is_object(),
+            "v1beta3: spec.machineTemplate.spec.infrastructureRef.apiGroup"
+        );
+        assert!(template.get("infrastructureRef").is_none());
+        let template = &spec_of("v1beta2")["machineTemplate"]["properties"];
+        assert!(
+            template["infrastructureRef"]["properties"]["apiVersion"].is_object(),
+            "v1beta2: spec.machineTemplate.infrastructureRef.apiVersion"
+        );
     }
 }
 
@@ -262,7 +313,10 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
     cel_rules(&crd["spec"]["versions"][1]["schema"], &mut v1beta2_rules);
     let duration = cel_escaped(k3s_control_plane::api::refs::GO_DURATION_PATTERN);
     assert_eq!(
-        v1beta2_rules.iter().filter(|(r, _)| r.contains(&duration)).count(),
+        v1beta2_rules
+            .iter()
+            .filter(|(r, _)| r.contains(&duration))
+            .count(),
         2,
         "{duration}"
     );

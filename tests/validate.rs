@@ -243,17 +243,35 @@ fn cases() -> Vec<Case> {
         ),
         (
             "negative_node_drain_timeout",
-            |k| k.spec.machine_template.spec.deletion.node_drain_timeout_seconds = Some(-1),
+            |k| {
+                k.spec
+                    .machine_template
+                    .spec
+                    .deletion
+                    .node_drain_timeout_seconds = Some(-1)
+            },
             &[Rule::NodeDrainTimeoutNotNegative],
         ),
         (
             "negative_node_volume_detach_timeout",
-            |k| k.spec.machine_template.spec.deletion.node_volume_detach_timeout_seconds = Some(-1),
+            |k| {
+                k.spec
+                    .machine_template
+                    .spec
+                    .deletion
+                    .node_volume_detach_timeout_seconds = Some(-1)
+            },
             &[Rule::NodeVolumeDetachTimeoutNotNegative],
         ),
         (
             "negative_node_deletion_timeout",
-            |k| k.spec.machine_template.spec.deletion.node_deletion_timeout_seconds = Some(-1),
+            |k| {
+                k.spec
+                    .machine_template
+                    .spec
+                    .deletion
+                    .node_deletion_timeout_seconds = Some(-1)
+            },
             &[Rule::NodeDeletionTimeoutNotNegative],
         ),
         (
@@ -284,7 +302,10 @@ fn cases() -> Vec<Case> {
         ),
         (
             "machine_naming_with_random",
-            |k| k.spec.machine_naming.template = Some("{{ .kthreesControlPlane.name }}-cp-{{ .random }}".into()),
+            |k| {
+                k.spec.machine_naming.template =
+                    Some("{{ .kthreesControlPlane.name }}-cp-{{ .random }}".into())
+            },
             &[],
         ),
         (
@@ -436,11 +457,18 @@ fn template_crd_has_the_rollout_strategy_rules() {
             (|strategy: Value| serde_json::json!({"rollout": {"strategy": strategy}}))
                 as fn(Value) -> Value,
         ),
-        ("v1beta2", "spec.rolloutStrategy", |strategy: Value| {
-            serde_json::json!({"rolloutStrategy": strategy})
-        }),
+        (
+            "v1beta2",
+            "spec.rolloutStrategy",
+            |strategy: Value| serde_json::json!({"rolloutStrategy": strategy}),
+        ),
     ] {
-        let served = crd.spec.versions.iter().find(|v| v.name == version).unwrap();
+        let served = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == version)
+            .unwrap();
         let schema = serde_json::to_value(
             served
                 .schema

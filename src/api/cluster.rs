@@ -52,7 +52,10 @@ impl Cluster {
             .and_then(Value::as_str)
             .filter(|c| !c.is_empty());
         class?;
-        topology.get("version").and_then(Value::as_str).filter(|v| !v.is_empty())
+        topology
+            .get("version")
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
     }
 }
 

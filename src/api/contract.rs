@@ -71,19 +71,45 @@ mod tests {
     #[test]
     fn the_newest_version_under_the_newest_contract_is_used() {
         let cases = [
-            ("only the v1beta1 contract", vec![("cluster.x-k8s.io/v1beta1", "v1alpha4_v1beta1")], Some("v1beta1")),
+            (
+                "only the v1beta1 contract",
+                vec![("cluster.x-k8s.io/v1beta1", "v1alpha4_v1beta1")],
+                Some("v1beta1"),
+            ),
             (
                 "both contracts: v1beta2's versions win",
-                vec![("cluster.x-k8s.io/v1beta1", "v1beta1"), ("cluster.x-k8s.io/v1beta2", "v1beta2")],
+                vec![
+                    ("cluster.x-k8s.io/v1beta1", "v1beta1"),
+                    ("cluster.x-k8s.io/v1beta2", "v1beta2"),
+                ],
                 Some("v1beta2"),
             ),
-            ("kube order, not text order", vec![("cluster.x-k8s.io/v1beta2", "v1beta10_v1beta2_v1")], Some("v1")),
-            ("alpha below beta", vec![("cluster.x-k8s.io/v1beta1", "v1beta1_v1alpha9")], Some("v1beta1")),
+            (
+                "kube order, not text order",
+                vec![("cluster.x-k8s.io/v1beta2", "v1beta10_v1beta2_v1")],
+                Some("v1"),
+            ),
+            (
+                "alpha below beta",
+                vec![("cluster.x-k8s.io/v1beta1", "v1beta1_v1alpha9")],
+                Some("v1beta1"),
+            ),
             ("no contract label", vec![("app", "x")], None),
-            ("an empty contract label falls back", vec![("cluster.x-k8s.io/v1beta2", ""), ("cluster.x-k8s.io/v1beta1", "v1beta1")], Some("v1beta1")),
+            (
+                "an empty contract label falls back",
+                vec![
+                    ("cluster.x-k8s.io/v1beta2", ""),
+                    ("cluster.x-k8s.io/v1beta1", "v1beta1"),
+                ],
+                Some("v1beta1"),
+            ),
         ];
         for (situation, pairs, want) in cases {
-            assert_eq!(version_for_contract(&labels(&pairs)).as_deref(), want, "{situation}");
+            assert_eq!(
+                version_for_contract(&labels(&pairs)).as_deref(),
+                want,
+                "{situation}"
+            );
         }
     }
 }

@@ -54,7 +54,9 @@ pub fn ours_in(namespace: &str) -> Vec<CustomResourceDefinition> {
     );
     let template = served_beside(
         KThreesControlPlaneTemplate::crd(),
-        &[version_of(super::v1beta2::KThreesControlPlaneTemplate::crd())],
+        &[version_of(
+            super::v1beta2::KThreesControlPlaneTemplate::crd(),
+        )],
     );
     vec![
         with_contract_labels(
@@ -70,7 +72,12 @@ pub fn ours_in(namespace: &str) -> Vec<CustomResourceDefinition> {
 
 /// The one version of a derived CRD, served and not stored.
 fn version_of(crd: CustomResourceDefinition) -> CustomResourceDefinitionVersion {
-    let mut version = crd.spec.versions.into_iter().next().expect("a derived CRD has its version");
+    let mut version = crd
+        .spec
+        .versions
+        .into_iter()
+        .next()
+        .expect("a derived CRD has its version");
     version.storage = false;
     version
 }

@@ -174,7 +174,10 @@ pub struct KThreesControlPlaneSpec {
     #[serde(default, skip_serializing_if = "KThreesControlPlaneRollout::is_empty")]
     pub rollout: KThreesControlPlaneRollout,
     /// How unhealthy control-plane machines are remediated.
-    #[serde(default, skip_serializing_if = "KThreesControlPlaneRemediation::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "KThreesControlPlaneRemediation::is_empty"
+    )]
     pub remediation: KThreesControlPlaneRemediation,
     /// How control-plane Machines are named.
     #[serde(default, skip_serializing_if = "MachineNaming::is_empty")]

@@ -23,11 +23,18 @@ static PLACEHOLDER: LazyLock<Regex> =
 /// Why a template gives no usable name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NamingError {
-    #[error("{template:?}: unknown placeholder {{{{ {placeholder} }}}} (known: .cluster.name, .kthreesControlPlane.name, .random)")]
-    UnknownPlaceholder { template: String, placeholder: String },
+    #[error(
+        "{template:?}: unknown placeholder {{{{ {placeholder} }}}} (known: .cluster.name, .kthreesControlPlane.name, .random)"
+    )]
+    UnknownPlaceholder {
+        template: String,
+        placeholder: String,
+    },
     #[error("{template:?}: must contain {RANDOM}")]
     NoRandom { template: String },
-    #[error("{template:?} gives {name:?}, which is not a DNS label of at most {MAX_NAME_LEN} characters (lower-case letters, digits, '-', starting and ending with a letter or digit)")]
+    #[error(
+        "{template:?} gives {name:?}, which is not a DNS label of at most {MAX_NAME_LEN} characters (lower-case letters, digits, '-', starting and ending with a letter or digit)"
+    )]
     NotADnsLabel { template: String, name: String },
 }
 
@@ -47,15 +54,13 @@ pub fn render(
         });
     }
     let mut unknown = None;
-    let name = PLACEHOLDER.replace_all(template, |caps: &regex::Captures| {
-        match &caps[1] {
-            ".cluster.name" => cluster.to_string(),
-            ".kthreesControlPlane.name" => kcp.to_string(),
-            ".random" => random.to_string(),
-            other => {
-                unknown.get_or_insert_with(|| other.to_string());
-                String::new()
-            }
+    let name = PLACEHOLDER.replace_all(template, |caps: &regex::Captures| match &caps[1] {
+        ".cluster.name" => cluster.to_string(),
+        ".kthreesControlPlane.name" => kcp.to_string(),
+        ".random" => random.to_string(),
+        other => {
+            unknown.get_or_insert_with(|| other.to_string());
+            String::new()
         }
     });
     if let Some(placeholder) = unknown {
@@ -89,12 +94,38 @@ mod tests {
     fn templates_give_names_or_say_why_not() {
         let cases: [(&str, Option<&str>, Result<&str, &str>); 7] = [
             ("no template", None, Ok("cp-abcde")),
-            ("every placeholder", Some("{{ .cluster.name }}-{{ .kthreesControlPlane.name }}-{{ .random }}"), Ok("c1-cp-abcde")),
-            ("spacing as Go templates allow", Some("{{.cluster.name}}-x-{{ .random }}"), Ok("c1-x-abcde")),
-            ("no random", Some("{{ .cluster.name }}-cp"), Err("must contain")),
-            ("KCP's placeholder is not ours", Some("{{ .kubeadmControlPlane.name }}-{{ .random }}"), Err("unknown placeholder")),
-            ("upper case", Some("CP-{{ .random }}"), Err("not a DNS label")),
-            ("too long", Some("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-{{ .random }}"), Err("not a DNS label")),
+            (
+                "every placeholder",
+                Some("{{ .cluster.name }}-{{ .kthreesControlPlane.name }}-{{ .random }}"),
+                Ok("c1-cp-abcde"),
+            ),
+            (
+                "spacing as Go templates allow",
+                Some("{{.cluster.name}}-x-{{ .random }}"),
+                Ok("c1-x-abcde"),
+            ),
+            (
+                "no random",
+                Some("{{ .cluster.name }}-cp"),
+                Err("must contain"),
+            ),
+            (
+                "KCP's placeholder is not ours",
+                Some("{{ .kubeadmControlPlane.name }}-{{ .random }}"),
+                Err("unknown placeholder"),
+            ),
+            (
+                "upper case",
+                Some("CP-{{ .random }}"),
+                Err("not a DNS label"),
+            ),
+            (
+                "too long",
+                Some(
+                    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-{{ .random }}",
+                ),
+                Err("not a DNS label"),
+            ),
         ];
         for (situation, template, want) in cases {
             let got = render(template, "c1", "cp", "abcde");

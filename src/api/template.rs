@@ -50,7 +50,10 @@ pub struct KThreesControlPlaneTemplateResourceSpec {
     pub kthrees_config_spec: KThreesConfigSpec,
     #[serde(default, skip_serializing_if = "KThreesControlPlaneRollout::is_empty")]
     pub rollout: KThreesControlPlaneRollout,
-    #[serde(default, skip_serializing_if = "KThreesControlPlaneRemediation::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "KThreesControlPlaneRemediation::is_empty"
+    )]
     pub remediation: KThreesControlPlaneRemediation,
     #[serde(default, skip_serializing_if = "MachineNaming::is_empty")]
     pub machine_naming: MachineNaming,

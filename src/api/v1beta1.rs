@@ -61,4 +61,3 @@ pub fn schema() -> Value {
         },
     })
 }
-

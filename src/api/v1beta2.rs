@@ -14,9 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::bootstrap::KThreesConfigSpec;
 use super::kcp::{
-    DATASTORE_ENDPOINT_MESSAGE, K3S_VERSION_PATTERN, KThreesControlPlaneStatus,
-    VERSION_MAX_LENGTH, cel_string, default_replicas, version_no_downgrade_rule,
-    version_no_minor_skip_rule,
+    DATASTORE_ENDPOINT_MESSAGE, K3S_VERSION_PATTERN, KThreesControlPlaneStatus, VERSION_MAX_LENGTH,
+    cel_string, default_replicas, version_no_downgrade_rule, version_no_minor_skip_rule,
 };
 use super::refs::{GoDuration, TemplateMeta};
 
@@ -102,7 +101,6 @@ pub struct KThreesControlPlaneSpec {
     pub rollout_strategy: Option<RolloutStrategy>,
 }
 
-
 /// Shape of control-plane machines.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -152,7 +150,6 @@ pub struct RollingUpdate {
     pub max_surge: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 }
 
-
 /// `spec.rolloutBefore`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -181,7 +178,6 @@ pub struct RemediationStrategy {
     #[x_kube(validation = Rule::new(r"self.matches('^[-+]?(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$|^[-+]?0$') && duration(self) >= duration('0s')").message("spec.remediationStrategy.minHealthyPeriod: must be a non-negative duration like 0s, 30m or 1h30m"))]
     pub min_healthy_period: Option<GoDuration>,
 }
-
 
 /// cluster-api-k3s's v1beta2 `KThreesControlPlaneTemplate` spec.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -97,7 +97,9 @@ impl Rule {
             }
             Rule::InfrastructureRefRequired => "spec.machineTemplate.spec.infrastructureRef",
             Rule::MaxRetryNotNegative => "spec.remediation.maxRetry",
-            Rule::CertificatesExpiryDaysAtLeastSeven => "spec.rollout.before.certificatesExpiryDays",
+            Rule::CertificatesExpiryDaysAtLeastSeven => {
+                "spec.rollout.before.certificatesExpiryDays"
+            }
             Rule::RetryPeriodNotNegative => "spec.remediation.retryPeriodSeconds",
             Rule::MinHealthyPeriodNotNegative => "spec.remediation.minHealthyPeriodSeconds",
             Rule::MaxSurgeZeroOrOne => "spec.rollout.strategy.rollingUpdate.maxSurge",
@@ -236,7 +238,10 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
     if !missing.is_empty() {
         fail(
             Rule::InfrastructureRefRequired,
-            format!("is required, with apiGroup, kind and name (missing {})", missing.join(" and ")),
+            format!(
+                "is required, with apiGroup, kind and name (missing {})",
+                missing.join(" and ")
+            ),
         );
     }
 
@@ -251,11 +256,26 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
     let deletion = &spec.machine_template.spec.deletion;
     for (rule, value) in [
         (Rule::MaxRetryNotNegative, remediation.max_retry),
-        (Rule::RetryPeriodNotNegative, remediation.retry_period_seconds),
-        (Rule::MinHealthyPeriodNotNegative, remediation.min_healthy_period_seconds),
-        (Rule::NodeDrainTimeoutNotNegative, deletion.node_drain_timeout_seconds),
-        (Rule::NodeVolumeDetachTimeoutNotNegative, deletion.node_volume_detach_timeout_seconds),
-        (Rule::NodeDeletionTimeoutNotNegative, deletion.node_deletion_timeout_seconds),
+        (
+            Rule::RetryPeriodNotNegative,
+            remediation.retry_period_seconds,
+        ),
+        (
+            Rule::MinHealthyPeriodNotNegative,
+            remediation.min_healthy_period_seconds,
+        ),
+        (
+            Rule::NodeDrainTimeoutNotNegative,
+            deletion.node_drain_timeout_seconds,
+        ),
+        (
+            Rule::NodeVolumeDetachTimeoutNotNegative,
+            deletion.node_volume_detach_timeout_seconds,
+        ),
+        (
+            Rule::NodeDeletionTimeoutNotNegative,
+            deletion.node_deletion_timeout_seconds,
+        ),
     ] {
         if let Some(n) = value.filter(|n| *n < 0) {
             fail(rule, format!("must not be negative (got {n})"));
@@ -270,7 +290,10 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
         {
             fail(
                 Rule::ReadinessGatePolarity,
-                format!("must be Positive or Negative (got {p:?} for {:?})", gate.condition_type),
+                format!(
+                    "must be Positive or Negative (got {p:?} for {:?})",
+                    gate.condition_type
+                ),
             );
         }
     }
@@ -283,7 +306,10 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
     {
         fail(
             Rule::MachineNamingHasRandom,
-            format!("must contain {} (got {template:?})", super::machine_naming::RANDOM),
+            format!(
+                "must contain {} (got {template:?})",
+                super::machine_naming::RANDOM
+            ),
         );
     }
 

@@ -104,7 +104,10 @@ fn role_objects(options: &Options, namespace: &str) -> Vec<Value> {
         to_value(cluster_role(MANAGER_ROLE, rbac::MANAGER)),
         to_value(cluster_role(SECRETS_ROLE, rbac::SECRETS)),
         to_value(capi_core),
-        to_value(cluster_role(CONTRACT_VERSIONS_ROLE, rbac::CONTRACT_VERSIONS)),
+        to_value(cluster_role(
+            CONTRACT_VERSIONS_ROLE,
+            rbac::CONTRACT_VERSIONS,
+        )),
         to_value(ClusterRoleBinding {
             metadata: meta(CONTRACT_VERSIONS_ROLE, None),
             role_ref: RoleRef {

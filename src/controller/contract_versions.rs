@@ -19,7 +19,9 @@ pub const KEEP_FOR: Duration = Duration::from_secs(300);
 /// Why the version could not be told; names the kind and what was missing.
 #[derive(Debug, thiserror::Error)]
 pub enum ContractVersionError {
-    #[error("{kind} in group {group:?}: the API server does not serve this kind (discovery): {reason}")]
+    #[error(
+        "{kind} in group {group:?}: the API server does not serve this kind (discovery): {reason}"
+    )]
     NotServed {
         group: String,
         kind: String,
@@ -33,7 +35,9 @@ pub enum ContractVersionError {
         #[source]
         source: kube::Error,
     },
-    #[error("{kind} in group {group:?}: CustomResourceDefinition {crd} lists no version under a cluster.x-k8s.io/v1beta2 or cluster.x-k8s.io/v1beta1 contract label")]
+    #[error(
+        "{kind} in group {group:?}: CustomResourceDefinition {crd} lists no version under a cluster.x-k8s.io/v1beta2 or cluster.x-k8s.io/v1beta1 contract label"
+    )]
     NoContractLabel {
         group: String,
         kind: String,
@@ -56,9 +60,17 @@ impl ContractVersions {
     }
 
     /// `<group>/<version>` of `kind` in `group`.
-    pub async fn api_version(&self, group: &str, kind: &str) -> Result<String, ContractVersionError> {
+    pub async fn api_version(
+        &self,
+        group: &str,
+        kind: &str,
+    ) -> Result<String, ContractVersionError> {
         let key = (group.to_string(), kind.to_string());
-        if let Some((version, at)) = self.known.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+        if let Some((version, at)) = self
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
             && at.elapsed() < KEEP_FOR
         {
             return Ok(version.clone());
@@ -85,11 +97,12 @@ impl ContractVersions {
                 source,
             })?;
         let labels: BTreeMap<String, String> = metadata.metadata.labels.unwrap_or_default();
-        let version = version_for_contract(&labels).ok_or(ContractVersionError::NoContractLabel {
-            group: group.into(),
-            kind: kind.into(),
-            crd,
-        })?;
+        let version =
+            version_for_contract(&labels).ok_or(ContractVersionError::NoContractLabel {
+                group: group.into(),
+                kind: kind.into(),
+                crd,
+            })?;
         let api_version = format!("{group}/{version}");
         self.known
             .lock()

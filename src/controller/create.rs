@@ -183,8 +183,12 @@ pub async fn create_machine(
     let owner = kcp
         .controller_owner_ref(&())
         .ok_or_else(|| precondition(format!("{object}: metadata.uid is not set yet")))?;
-    let name = machine_name(kcp.spec.machine_naming.template.as_deref(), &cluster, &kcp_name)
-        .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
+    let name = machine_name(
+        kcp.spec.machine_naming.template.as_deref(),
+        &cluster,
+        &kcp_name,
+    )
+    .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
     // Born in sync (see sync_machines): template metadata on all three objects.
     let born = super::sync_machines::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
     let labels = born.labels.clone();

@@ -422,7 +422,11 @@ async fn infrastructure_api(
     if r.kind.is_empty() {
         return None;
     }
-    match ctx.contract_versions.api_version(&r.api_group, &r.kind).await {
+    match ctx
+        .contract_versions
+        .api_version(&r.api_group, &r.kind)
+        .await
+    {
         Ok(api_version) => {
             let (group, version) = api_version.split_once('/')?;
             let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &r.kind));

@@ -18,11 +18,9 @@ pub fn read(object: &Value) -> Result<Map<String, Value>, ConversionError> {
         return Ok(Map::new());
     };
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map))
-            if map.contains_key("spec") || map.contains_key("conditions") =>
-        {
-            Ok(Map::from_iter([("v1beta2".to_string(), Value::Object(map))]))
-        }
+        Ok(Value::Object(map)) if map.contains_key("spec") || map.contains_key("conditions") => Ok(
+            Map::from_iter([("v1beta2".to_string(), Value::Object(map))]),
+        ),
         Ok(Value::Object(map)) => Ok(map),
         _ => Err(error(
             object,

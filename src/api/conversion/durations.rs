@@ -8,16 +8,32 @@ use crate::api::refs::GoDuration;
 
 /// Whole seconds of a Go duration, truncated as CAPI's conversion does;
 /// negative, unparseable or too long for an int32 is an error.
-pub fn duration_seconds(object: &Value, field: &str, value: &Value) -> Result<i64, ConversionError> {
-    let text = value
-        .as_str()
-        .ok_or_else(|| error(object, field, format!("must be a duration like 90s, got {value}")))?;
-    let duration = GoDuration::new(text)
-        .non_negative()
-        .ok_or_else(|| error(object, field, format!("{text:?} is not a non-negative duration like 30s, 30m, 1h30m")))?;
+pub fn duration_seconds(
+    object: &Value,
+    field: &str,
+    value: &Value,
+) -> Result<i64, ConversionError> {
+    let text = value.as_str().ok_or_else(|| {
+        error(
+            object,
+            field,
+            format!("must be a duration like 90s, got {value}"),
+        )
+    })?;
+    let duration = GoDuration::new(text).non_negative().ok_or_else(|| {
+        error(
+            object,
+            field,
+            format!("{text:?} is not a non-negative duration like 30s, 30m, 1h30m"),
+        )
+    })?;
     let seconds = duration.as_secs();
     if seconds > i32::MAX as u64 {
-        return Err(error(object, field, format!("{text:?} is longer than {} seconds", i32::MAX)));
+        return Err(error(
+            object,
+            field,
+            format!("{text:?} is longer than {} seconds", i32::MAX),
+        ));
     }
     Ok(seconds as i64)
 }
@@ -40,20 +56,35 @@ mod tests {
 
     #[test]
     fn whole_seconds_print_as_go_prints_durations() {
-        for (seconds, text) in [(0, "0s"), (45, "45s"), (90, "1m30s"), (3600, "1h0m0s"), (5400, "1h30m0s")] {
+        for (seconds, text) in [
+            (0, "0s"),
+            (45, "45s"),
+            (90, "1m30s"),
+            (3600, "1h0m0s"),
+            (5400, "1h30m0s"),
+        ] {
             assert_eq!(canonical_duration(seconds), text);
-            assert_eq!(duration_seconds(&json!({}), "f", &json!(text)).unwrap(), seconds);
+            assert_eq!(
+                duration_seconds(&json!({}), "f", &json!(text)).unwrap(),
+                seconds
+            );
         }
     }
 
     #[test]
     fn durations_truncate_to_seconds_and_refuse_what_has_no_seconds() {
-        let object = json!({"kind": "KThreesControlPlane", "metadata": {"name": "cp", "namespace": "ns"}});
+        let object =
+            json!({"kind": "KThreesControlPlane", "metadata": {"name": "cp", "namespace": "ns"}});
         assert_eq!(duration_seconds(&object, "f", &json!("1.9s")).unwrap(), 1);
         assert_eq!(duration_seconds(&object, "f", &json!("500ms")).unwrap(), 0);
         for bad in [json!("-1s"), json!("1d"), json!(5), json!("1000000h")] {
-            let err = duration_seconds(&object, "spec.x", &bad).unwrap_err().to_string();
-            assert!(err.starts_with("KThreesControlPlane ns/cp: spec.x: "), "{err}");
+            let err = duration_seconds(&object, "spec.x", &bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("KThreesControlPlane ns/cp: spec.x: "),
+                "{err}"
+            );
         }
     }
 }

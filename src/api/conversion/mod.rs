@@ -97,7 +97,11 @@ pub fn convert(
         ));
     };
     if kind != CONTROL_PLANE && kind != TEMPLATE {
-        return Err(error(object, "kind", format!("{kind:?} is not one of ours")));
+        return Err(error(
+            object,
+            "kind",
+            format!("{kind:?} is not one of ours"),
+        ));
     }
     let mut current = object.clone();
     while at != to {

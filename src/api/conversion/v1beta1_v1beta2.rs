@@ -151,7 +151,6 @@ fn status_to_v1beta2(
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,9 +318,10 @@ mod tests {
             ),
         ];
         for (object, desired, want) in cases {
-            let err = super::super::convert(&object, desired, &super::super::KnownApiVersions::new())
-                .unwrap_err()
-                .to_string();
+            let err =
+                super::super::convert(&object, desired, &super::super::KnownApiVersions::new())
+                    .unwrap_err()
+                    .to_string();
             assert!(err.starts_with("KThreesControlPlane ns/cp: "), "{err}");
             assert!(err.contains(want), "{want}: {err}");
         }

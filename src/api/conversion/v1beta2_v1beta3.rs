@@ -53,7 +53,12 @@ const SHARED_FIELDS: &[Field] = &[
     ),
     (
         &["machineTemplate", "nodeDrainTimeout"],
-        &["machineTemplate", "spec", "deletion", "nodeDrainTimeoutSeconds"],
+        &[
+            "machineTemplate",
+            "spec",
+            "deletion",
+            "nodeDrainTimeoutSeconds",
+        ],
         Form::Duration,
     ),
     (
@@ -265,7 +270,11 @@ pub fn down(object: &Value, versions: &dyn ApiVersions) -> Result<Value, Convers
             Form::Same => value,
             Form::Duration => {
                 let seconds = value.as_i64().ok_or_else(|| {
-                    error(object, &field, format!("must be whole seconds, got {value}"))
+                    error(
+                        object,
+                        &field,
+                        format!("must be whole seconds, got {value}"),
+                    )
                 })?;
                 // The text it was written as, unless an edit changed it since.
                 match get(&kept, v2_path) {
@@ -275,7 +284,9 @@ pub fn down(object: &Value, versions: &dyn ApiVersions) -> Result<Value, Convers
                     _ => json!(canonical_duration(seconds)),
                 }
             }
-            Form::Reference => reference_down(object, &field, &value, get(&kept, v2_path), versions)?,
+            Form::Reference => {
+                reference_down(object, &field, &value, get(&kept, v2_path), versions)?
+            }
         };
         put(&mut v2, v2_path, converted);
     }
@@ -312,14 +323,23 @@ fn reference_up(object: &Value, field: &str, value: &Value) -> Result<Value, Con
     let reference = value
         .as_object()
         .ok_or_else(|| error(object, field, format!("must be an object, got {value}")))?;
-    let text = |key: &str| reference.get(key).and_then(Value::as_str).unwrap_or_default();
+    let text = |key: &str| {
+        reference
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
     let api_version = text("apiVersion");
     let group = match api_version.rsplit_once('/') {
         Some((group, _)) => group,
         None => "",
     };
     let mut out = Map::new();
-    for (key, value) in [("apiGroup", group), ("kind", text("kind")), ("name", text("name"))] {
+    for (key, value) in [
+        ("apiGroup", group),
+        ("kind", text("kind")),
+        ("name", text("name")),
+    ] {
         if !value.is_empty() {
             out.insert(key.into(), json!(value));
         }
@@ -340,7 +360,12 @@ fn reference_down(
     let reference = value
         .as_object()
         .ok_or_else(|| error(object, field, format!("must be an object, got {value}")))?;
-    let text = |key: &str| reference.get(key).and_then(Value::as_str).unwrap_or_default();
+    let text = |key: &str| {
+        reference
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
     let (group, kind, name) = (text("apiGroup"), text("kind"), text("name"));
     if let Some(written) = written
         && reference_up(object, field, written)? == *value
@@ -372,7 +397,10 @@ pub fn infrastructure_group_kind(object: &Value) -> Option<(String, String)> {
     let reference = &object["spec"]["machineTemplate"]["spec"]["infrastructureRef"];
     let kind = reference["kind"].as_str().filter(|k| !k.is_empty())?;
     Some((
-        reference["apiGroup"].as_str().unwrap_or_default().to_string(),
+        reference["apiGroup"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         kind.to_string(),
     ))
 }
