@@ -18,9 +18,21 @@ fn fixture(name: &str) -> Value {
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// A control-plane fixture in cluster-api-k3s's v1beta2, as the API server
+/// stores it: converted to v1beta3 by our conversion.
+fn stored(name: &str) -> Value {
+    use k3s_control_plane::api::conversion::{KnownApiVersions, V1BETA3, convert};
+    convert(&fixture(name), V1BETA3, &KnownApiVersions::new())
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// Parse `name` as `T`, write it back, and require the same JSON.
 fn round_trip<T: DeserializeOwned + Serialize>(name: &str) -> T {
-    let original = fixture(name);
+    round_trip_value(name, fixture(name))
+}
+
+/// Parse `original` as `T`, write it back, and require the same JSON.
+fn round_trip_value<T: DeserializeOwned + Serialize>(name: &str, original: Value) -> T {
     let typed: T = serde_json::from_value(original.clone())
         .unwrap_or_else(|e| panic!("{name}: does not deserialize: {e}"));
     let back = serde_json::to_value(&typed).unwrap();
@@ -168,7 +180,10 @@ fn machine_health_check_round_trips() {
 
 #[test]
 fn upstream_quickstart_kcp_round_trips_and_validates() {
-    let kcp: KThreesControlPlane = round_trip("kcp-docker-quickstart.yaml");
+    let kcp: KThreesControlPlane = round_trip_value(
+        "kcp-docker-quickstart.yaml",
+        stored("kcp-docker-quickstart.yaml"),
+    );
     assert_eq!(kcp.desired_replicas(), 3);
     assert!(kcp.etcd_is_embedded());
     assert_eq!(
@@ -180,7 +195,7 @@ fn upstream_quickstart_kcp_round_trips_and_validates() {
 
 #[test]
 fn full_kcp_round_trips_keeping_unmodelled_fields() {
-    let kcp: KThreesControlPlane = round_trip("kcp-full.yaml");
+    let kcp: KThreesControlPlane = round_trip_value("kcp-full.yaml", stored("kcp-full.yaml"));
     validate_kcp(&kcp).unwrap();
     let config = &kcp.spec.kthrees_config_spec;
     assert_eq!(config.server_config.extra["futureFlag"], Value::Bool(true));
@@ -219,7 +234,7 @@ fn full_kcp_round_trips_keeping_unmodelled_fields() {
 #[test]
 fn kcp_defaults_when_strategy_is_absent() {
     let kcp: KThreesControlPlane =
-        serde_json::from_value(fixture("kcp-docker-quickstart.yaml")).unwrap();
+        serde_json::from_value(stored("kcp-docker-quickstart.yaml")).unwrap();
     assert_eq!(kcp.max_retry(), None);
     assert_eq!(kcp.retry_period(), Some(std::time::Duration::ZERO));
     assert_eq!(

@@ -88,7 +88,7 @@ async fn ready_once_the_management_api_serves_our_kind_and_metrics_count_reconci
 
     // A control plane appears: it is reconciled, and the metrics say so.
     let kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                  "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}

@@ -320,7 +320,7 @@ async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
 
     // It reconciles: without an owning Cluster it says so in the status it writes.
     let kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                  "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}

@@ -427,13 +427,24 @@ async fn a_role_without_machine_create_is_refused_and_nothing_is_created() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn namespace_scoped_components_bring_a_control_plane_up_with_nothing_granted_cluster_wide() {
+async fn namespace_scoped_components_bring_a_control_plane_up_with_only_crd_reads_granted_cluster_wide()
+ {
     init_logs();
     let options = Options {
         watch_namespace: Some(NAMESPACE.into()),
     };
     let objects = rbac_objects_for(&options);
-    assert!(!objects.iter().any(|o| o["kind"] == "ClusterRoleBinding"));
+    // CRDs are cluster-scoped: `get` on them (their contract labels) is the
+    // one grant beyond the namespace.
+    let cluster_wide: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding")
+        .collect();
+    assert_eq!(cluster_wide.len(), 1);
+    assert_eq!(
+        cluster_wide[0]["roleRef"]["name"],
+        k3s_control_plane::components::CONTRACT_VERSIONS_ROLE
+    );
     let world = world(1, objects).await;
     let settings = Settings {
         namespace: Some(NAMESPACE.into()),

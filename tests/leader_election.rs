@@ -175,7 +175,7 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 
 async fn create_kcp(server: &TestApiServer) -> Api<KThreesControlPlane> {
     let kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "default"},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                  "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
@@ -634,7 +634,7 @@ async fn a_replica_told_to_stop_at_any_moment_exits_within_a_second_and_releases
     let kcps: Api<KThreesControlPlane> = Api::namespaced(server.client(), "default");
     for i in 0..20 {
         let kcp: KThreesControlPlane = serde_json::from_value(serde_json::json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": format!("cp-{i}"), "namespace": "default"},
             "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                      "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}

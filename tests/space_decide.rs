@@ -21,7 +21,7 @@ const MIB: i64 = 1024 * 1024;
 
 fn kcp() -> KThreesControlPlane {
     serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
                      "finalizers": [k3s_control_plane::api::names::KCP_FINALIZER],
                      "annotations": {"controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes": "100Mi"}},

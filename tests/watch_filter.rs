@@ -22,7 +22,7 @@ fn kcp(name: &str, namespace: &str, shard: Option<&str>) -> KThreesControlPlane 
         None => json!({}),
     };
     serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                  "machineTemplate": {"spec": {"infrastructureRef": {

@@ -364,7 +364,7 @@ mod tests {
 
     fn world(spec: serde_json::Value, cluster: Option<&str>) -> World {
         let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
             "spec": spec,
         }))

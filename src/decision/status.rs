@@ -559,7 +559,7 @@ mod tests {
 
     fn world(etcd: EtcdObservation) -> World {
         let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
             "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
                      "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}},

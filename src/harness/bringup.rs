@@ -20,13 +20,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use rcgen::{ExtendedKeyUsagePurpose, SanType};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::names::TOKEN_SECRET_KEY;
-use crate::api::{Cluster, KThreesConfig, KThreesControlPlane, Machine};
+use crate::api::{
+    Cluster, KThreesConfig, KThreesControlPlane, KThreesControlPlaneTemplate, Machine,
+};
 use crate::apiserver::{ServerTls, TestApiServer};
 use crate::controller::Settings;
 
@@ -34,10 +36,11 @@ use super::capi_sim::MachineDeletionSim;
 use super::etcd::EtcdTestCluster;
 use super::pki::TestCa;
 use super::sandbox::{
-    CLUSTER, ControllerHandle, KCP, NAMESPACE, Sandbox, SandboxError, cluster_object,
-    controller_context, create_machine_template, fast_settings, kcp_object, management_server,
-    mark_infrastructure_provisioned, spawn_controller,
+    CLUSTER, ControllerHandle, KCP, NAMESPACE, Sandbox, SandboxError, VERSION, cluster_object,
+    controller_context, create_machine_template, docker_machine_template, fast_settings,
+    kcp_object, management_server, mark_infrastructure_provisioned, spawn_controller,
 };
+use super::topology_sim::{ClassRefs, TopologySim};
 
 fn err(context: &str) -> impl Fn(kube::Error) -> SandboxError + '_ {
     move |e| SandboxError(format!("{context}: {e}"))
@@ -130,6 +133,10 @@ pub async fn bootstrap_inputs(
 }
 
 /// The management side of a world that starts from nothing.
+/// The ClusterClass name (and its control-plane template's) of a Cluster
+/// made by [`BringUp::start_from_topology`].
+pub const TOPOLOGY_CLASS: &str = "k3s";
+
 pub struct BringUp {
     pub management: TestApiServer,
     /// Where the workload API server will answer (`Cluster.spec.controlPlaneEndpoint`).
@@ -148,6 +155,76 @@ impl BringUp {
     /// As [`start`](Self::start), on this management API server (one from
     /// [`management_server_with`](super::sandbox::management_server_with)).
     pub async fn start_on(management: TestApiServer, replicas: i32) -> Result<Self, SandboxError> {
+        let world = Self::bare(management)?;
+        world.populate(replicas).await?;
+        Ok(world)
+    }
+
+    /// A Cluster made from a ClusterClass (`spec.topology`: `version`,
+    /// `controlPlane.replicas`, `controlPlane.metadata`), a
+    /// KThreesControlPlaneTemplate, the machine template, and the simulated
+    /// topology controller ([`TopologySim`]), which creates the
+    /// KThreesControlPlane from them as CAPI's does.
+    pub async fn start_from_topology(
+        replicas: i32,
+        template: serde_json::Value,
+    ) -> Result<(Self, TopologySim), SandboxError> {
+        let world = Self::bare(management_server().await?)?;
+        let client = world.client();
+        let clusters: Api<Cluster> = Api::namespaced(client.clone(), NAMESPACE);
+        let mut cluster = cluster_object(CLUSTER, KCP);
+        cluster.spec.control_plane_endpoint = Some(crate::api::cluster::ApiEndpoint {
+            host: world.endpoint.ip().to_string(),
+            port: i32::from(world.endpoint.port()),
+        });
+        cluster.spec.extra.insert(
+            "topology".into(),
+            serde_json::json!({
+                "classRef": {"name": TOPOLOGY_CLASS},
+                "version": VERSION,
+                "controlPlane": {"replicas": replicas, "metadata": {"labels": {"topology-label": "from-cluster"}}},
+            }),
+        );
+        clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .map_err(err("create Cluster"))?;
+        mark_infrastructure_provisioned(&clusters, CLUSTER).await?;
+        create_machine_template(&client).await?;
+        let templates: Api<KThreesControlPlaneTemplate> =
+            Api::namespaced(client.clone(), NAMESPACE);
+        let mut template: KThreesControlPlaneTemplate = serde_json::from_value(serde_json::json!({
+            "apiVersion": KThreesControlPlaneTemplate::api_version(&()),
+            "kind": "KThreesControlPlaneTemplate",
+            "metadata": {"name": TOPOLOGY_CLASS, "namespace": NAMESPACE},
+            "spec": {"template": {"spec": template}},
+        }))
+        .map_err(|e| SandboxError(format!("KThreesControlPlaneTemplate: {e}")))?;
+        template.metadata.namespace = Some(NAMESPACE.into());
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .map_err(err("create KThreesControlPlaneTemplate"))?;
+        let machine_template = docker_machine_template();
+        let sim = TopologySim::start(
+            client,
+            NAMESPACE,
+            CLUSTER,
+            ClassRefs {
+                control_plane_template: TOPOLOGY_CLASS.into(),
+                machine_infrastructure: (
+                    machine_template.group,
+                    machine_template.kind,
+                    format!("{KCP}-template"),
+                ),
+            },
+            KCP,
+            Duration::from_millis(200),
+        );
+        Ok((world, sim))
+    }
+
+    fn bare(management: TestApiServer) -> Result<Self, SandboxError> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")
             .map_err(|e| SandboxError(format!("reserve the endpoint: {e}")))?;
         let endpoint = listener
@@ -156,14 +233,12 @@ impl BringUp {
         let refuser =
             Refuser::start(listener).map_err(|e| SandboxError(format!("endpoint refuser: {e}")))?;
         let capi = MachineDeletionSim::start(management.client());
-        let world = BringUp {
+        Ok(BringUp {
             management,
             endpoint,
             capi,
             refuser,
-        };
-        world.populate(replicas).await?;
-        Ok(world)
+        })
     }
 
     pub fn client(&self) -> kube::Client {

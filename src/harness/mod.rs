@@ -13,6 +13,7 @@ pub mod pki;
 pub mod rollout;
 pub mod sandbox;
 pub mod space;
+pub mod topology_sim;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};
 pub use pki::{CertPair, TestCa, TestPki};

@@ -20,7 +20,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 /// A finalizer no controller owns, so objects stay until the test removes it.
 pub const HOLD: &str = "conformance.k3s-control-plane.io/hold";
 
-/// `KThreesControlPlane` v1beta2, described by hand as a client sees it.
+/// `KThreesControlPlane` v1beta3 (stored), described by hand as a client sees it.
 pub fn kcp_resource() -> ApiResource {
     ApiResource {
         group: KCP_GROUP.into(),

@@ -11,6 +11,7 @@ use k3s_control_plane::api::conditions::{self, V1Beta1Condition};
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::controller::Context;
 use k3s_control_plane::etcd::{EtcdCluster, MembershipSnapshot};
+use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
 use k3s_control_plane::harness::sandbox::{KCP, NAMESPACE, Sandbox};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -323,3 +324,67 @@ pub async fn mark_externally_remediated(sandbox: &Sandbox, machine: &str) {
 mod quorum_watch;
 #[allow(unused_imports)]
 pub use quorum_watch::*;
+
+/// Healthy voters and quorum of the real membership right now.
+pub async fn quorum_sample(sandbox: &Sandbox) -> Option<(usize, usize, usize, String)> {
+    let snap = sandbox.etcd.connect().snapshot().await.ok()?;
+    let a = snap.assess_cluster();
+    Some((a.healthy, a.voters, a.size, a.to_string()))
+}
+
+/// Run the simulated infrastructure until `done` holds, checking at every pass
+/// that at most one Machine is deleting and at most one provisioning, while
+/// the shared quorum sampler (e2e_support's [`Observer`]) watches etcd
+/// throughout: every sample counts, below quorum fails, a window without a
+/// leader must close within two election timeouts, and no member may be
+/// removed while it leads. Returns how many samples it took.
+pub async fn drive(
+    sandbox: &mut Sandbox,
+    what: &str,
+    done: impl Fn(&[Machine], (usize, usize)) -> bool,
+) -> usize {
+    let observer = Observer::start(sandbox, vec![]);
+    let deadline = tokio::time::Instant::now() + LIMIT * 3;
+    loop {
+        reconcile_infrastructure(sandbox, LIMIT).await.unwrap();
+        let all = machines(sandbox).await;
+        let deleting = all.iter().filter(|m| m.is_deleting()).count();
+        let provisioning = all
+            .iter()
+            .filter(|m| !m.is_deleting() && m.node_name().is_none())
+            .count();
+        assert!(
+            deleting <= 1,
+            "{what}: {deleting} Machines deleting at once"
+        );
+        assert!(
+            provisioning <= 1,
+            "{what}: {provisioning} Machines provisioning at once"
+        );
+        observer.assert_quorum_so_far(what);
+        if let Some((healthy, voters, _, _)) = quorum_sample(sandbox).await
+            && done(&all, (healthy, voters))
+        {
+            let record = observer.record().await;
+            let summary = record.assert_safe(what);
+            eprintln!("{what}: quorum sampler: {summary}");
+            return summary.samples;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not done in time"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn all_ready(n: usize) -> impl Fn(&[Machine], (usize, usize)) -> bool {
+    move |all, (healthy, voters)| {
+        all.len() == n
+            && all
+                .iter()
+                .all(|m| !m.is_deleting() && m.node_name().is_some())
+            && healthy == n
+            && voters == n
+    }
+}

@@ -108,7 +108,7 @@ pub fn convert(
         current = match (at, at < to) {
             (1, true) => v1beta1_v1beta2::up(&current)?,
             (2, false) => v1beta1_v1beta2::down(&current)?,
-            (2, true) => v1beta2_v1beta3::up(&current)?,
+            (2, true) => v1beta2_v1beta3::up(&current, versions)?,
             (3, false) => v1beta2_v1beta3::down(&current, versions)?,
             _ => unreachable!("ranks are 1..=3"),
         };
@@ -118,12 +118,14 @@ pub fn convert(
 }
 
 /// The (group, kind) of every infrastructure reference whose API version
-/// converting `objects` to `desired` will look up, for the webhook to
-/// resolve before it converts.
+/// converting `objects` to `desired` may look up, for the webhook to resolve
+/// before it converts (down from v1beta3 to write the reference; up to v1beta3
+/// to tell whether the written one needs remembering).
 pub fn versions_needed(objects: &[Value], desired: &str) -> Vec<(String, String)> {
     let mut needed: Vec<(String, String)> = objects
         .iter()
-        .filter(|o| o["apiVersion"] == V1BETA3 && desired != V1BETA3)
+        .filter(|o| o["apiVersion"] != desired)
+        .filter(|o| o["apiVersion"] == V1BETA3 || desired == V1BETA3)
         .filter_map(v1beta2_v1beta3::infrastructure_group_kind)
         .collect();
     needed.sort();

@@ -186,8 +186,9 @@ fn first_leftover(rest: &Map<String, Value>) -> String {
     walk(rest, &mut Vec::new()).unwrap_or_default()
 }
 
-/// v1beta2 -> v1beta3.
-pub fn up(object: &Value) -> Result<Value, ConversionError> {
+/// v1beta2 -> v1beta3. A reference is remembered as written unless it is
+/// exactly what converting back would give (the contract's API version).
+pub fn up(object: &Value, versions: &dyn ApiVersions) -> Result<Value, ConversionError> {
     let shape = shape(object);
     let prefix = shape.spec.join(".");
     let mut rest = spec_of(object, shape)?;
@@ -216,8 +217,10 @@ pub fn up(object: &Value) -> Result<Value, ConversionError> {
             }
             Form::Reference => {
                 let reference = reference_up(object, &field, &value)?;
+                if !is_contract_form(&value, &reference, versions) {
+                    put(&mut kept, v2_path, value);
+                }
                 put(&mut v3, v3_path, reference);
-                put(&mut kept, v2_path, value);
             }
         }
     }
@@ -347,6 +350,21 @@ fn reference_up(object: &Value, field: &str, value: &Value) -> Result<Value, Con
     Ok(Value::Object(out))
 }
 
+/// Whether `written` (v1beta2) is exactly what [`reference_down`] makes of
+/// `reference` without a memory of it: apiVersion, kind and name only, at
+/// the API version the contract labels give.
+fn is_contract_form(written: &Value, reference: &Value, versions: &dyn ApiVersions) -> bool {
+    let keys_ok = written.as_object().is_some_and(|m| {
+        m.keys()
+            .all(|k| ["apiVersion", "kind", "name"].contains(&k.as_str()))
+    });
+    let group = reference["apiGroup"].as_str().unwrap_or_default();
+    let kind = reference["kind"].as_str().unwrap_or_default();
+    keys_ok
+        && !kind.is_empty()
+        && versions.api_version(group, kind).as_deref() == written["apiVersion"].as_str()
+}
+
 /// `{apiGroup, kind, name}` -> ObjectReference: as it was written in v1beta2
 /// when it still names the same template, else with the API version the
 /// CRD's contract labels give (as CAPI converts).
@@ -403,4 +421,277 @@ pub fn infrastructure_group_kind(object: &Value) -> Option<(String, String)> {
             .to_string(),
         kind.to_string(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{KnownApiVersions, convert};
+    use super::*;
+    use crate::api::conversion::data::CONVERSION_DATA_ANNOTATION;
+
+    fn versions() -> KnownApiVersions {
+        KnownApiVersions::from([(
+            (
+                "infrastructure.cluster.x-k8s.io".to_string(),
+                "DockerMachineTemplate".to_string(),
+            ),
+            "infrastructure.cluster.x-k8s.io/v1beta2".to_string(),
+        )])
+    }
+
+    fn v1beta2() -> Value {
+        json!({
+            "apiVersion": V1BETA2, "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {
+                "replicas": 3, "version": "v1.30.2+k3s2",
+                "kthreesConfigSpec": {"serverConfig": {"tlsSan": ["a"]}},
+                "externalDatastore": false,
+                "machineTemplate": {
+                    "metadata": {"labels": {"tier": "cp"}},
+                    "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": "t", "namespace": "ns"},
+                    "nodeDrainTimeout": "5m",
+                    "nodeVolumeDetachTimeout": "1m30s",
+                    "nodeDeletionTimeout": "1.5s",
+                },
+                "rolloutAfter": "2026-06-01T00:00:00Z",
+                "rolloutBefore": {"certificatesExpiryDays": 21},
+                "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}},
+                "remediationStrategy": {"maxRetry": 2, "retryPeriod": "1m", "minHealthyPeriod": "1h"},
+            },
+            "status": {"replicas": 3, "initialized": true},
+        })
+    }
+
+    fn v1beta3() -> Value {
+        json!({
+            "apiVersion": V1BETA3, "kind": "KThreesControlPlane",
+            "metadata": {"name": "cp", "namespace": "ns"},
+            "spec": {
+                "replicas": 3, "version": "v1.30.2+k3s2",
+                "kthreesConfigSpec": {"serverConfig": {"tlsSan": ["a"]}},
+                "machineTemplate": {
+                    "metadata": {"labels": {"tier": "cp"}},
+                    "spec": {
+                        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "t"},
+                        "readinessGates": [{"conditionType": "NetworkReady"}],
+                        "deletion": {"nodeDrainTimeoutSeconds": 300, "nodeDeletionTimeoutSeconds": 90},
+                    },
+                },
+                "rollout": {"after": "2026-06-01T00:00:00Z", "strategy": {"rollingUpdate": {"maxSurge": 1}}},
+                "remediation": {"maxRetry": 2, "retryPeriodSeconds": 60},
+                "machineNaming": {"template": "{{ .kthreesControlPlane.name }}-{{ .random }}"},
+            },
+        })
+    }
+
+    #[test]
+    fn every_field_moves_where_the_v1beta2_contract_puts_it() {
+        let stored = up(&v1beta2(), &versions()).unwrap();
+        let spec = &stored["spec"];
+        let cases = [
+            ("/replicas", json!(3)),
+            ("/version", json!("v1.30.2+k3s2")),
+            ("/externalDatastore", json!(false)),
+            ("/kthreesConfigSpec/serverConfig/tlsSan", json!(["a"])),
+            ("/machineTemplate/metadata/labels/tier", json!("cp")),
+            (
+                "/machineTemplate/spec/infrastructureRef",
+                json!({"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "t"}),
+            ),
+            (
+                "/machineTemplate/spec/deletion/nodeDrainTimeoutSeconds",
+                json!(300),
+            ),
+            (
+                "/machineTemplate/spec/deletion/nodeVolumeDetachTimeoutSeconds",
+                json!(90),
+            ),
+            (
+                "/machineTemplate/spec/deletion/nodeDeletionTimeoutSeconds",
+                json!(1),
+            ),
+            ("/rollout/after", json!("2026-06-01T00:00:00Z")),
+            ("/rollout/before/certificatesExpiryDays", json!(21)),
+            ("/rollout/strategy/rollingUpdate/maxSurge", json!(0)),
+            ("/remediation/maxRetry", json!(2)),
+            ("/remediation/retryPeriodSeconds", json!(60)),
+            ("/remediation/minHealthyPeriodSeconds", json!(3600)),
+        ];
+        for (path, want) in cases {
+            assert_eq!(spec.pointer(path), Some(&want), "{path}");
+        }
+        // It is a stored object the controller reads.
+        let kcp: crate::api::KThreesControlPlane = serde_json::from_value(stored).unwrap();
+        assert_eq!(
+            kcp.min_healthy_period(),
+            Some(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(kcp.max_surge(), Some(0));
+    }
+
+    #[test]
+    fn a_round_trip_through_either_version_loses_nothing() {
+        let from_v2 = v1beta2();
+        let stored = up(&from_v2, &versions()).unwrap();
+        assert_eq!(
+            down(&stored, &KnownApiVersions::new()).unwrap(),
+            from_v2,
+            "v1beta2 -> v1beta3 -> v1beta2"
+        );
+        let from_v3 = v1beta3();
+        let served = down(&from_v3, &versions()).unwrap();
+        assert_eq!(
+            up(&served, &versions()).unwrap(),
+            from_v3,
+            "v1beta3 -> v1beta2 -> v1beta3"
+        );
+        // And through v1beta1, two hops each way.
+        for object in [from_v2, from_v3] {
+            let oldest = convert(&object, crate::api::conversion::V1BETA1, &versions()).unwrap();
+            let version = object["apiVersion"].as_str().unwrap();
+            assert_eq!(
+                convert(&oldest, version, &versions()).unwrap(),
+                object,
+                "{version} via v1beta1"
+            );
+        }
+    }
+
+    #[test]
+    fn what_v1beta2_cannot_say_waits_in_the_annotation_by_version() {
+        let served = down(&v1beta3(), &versions()).unwrap();
+        let spec = &served["spec"];
+        // The reference gets the version the contract labels give.
+        assert_eq!(
+            spec["machineTemplate"]["infrastructureRef"],
+            json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachineTemplate", "name": "t"})
+        );
+        assert_eq!(spec["machineTemplate"]["nodeDrainTimeout"], "5m0s");
+        assert_eq!(spec["machineTemplate"]["nodeDeletionTimeout"], "1m30s");
+        assert_eq!(spec["remediationStrategy"]["retryPeriod"], "1m0s");
+        assert!(spec.get("machineNaming").is_none());
+        let data: Value = serde_json::from_str(
+            served["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            data["v1beta3"]["spec"]["machineTemplate"]["spec"]["readinessGates"],
+            json!([{"conditionType": "NetworkReady"}])
+        );
+        assert_eq!(
+            data["v1beta3"]["spec"]["machineNaming"]["template"],
+            "{{ .kthreesControlPlane.name }}-{{ .random }}"
+        );
+    }
+
+    #[test]
+    fn an_edit_in_the_older_version_wins_over_what_the_annotation_remembers() {
+        let mut served = down(
+            &up(&v1beta2(), &versions()).unwrap(),
+            &KnownApiVersions::new(),
+        )
+        .unwrap();
+        served["spec"]["machineTemplate"]["nodeDeletionTimeout"] = json!("2m");
+        served["spec"]["machineTemplate"]["infrastructureRef"]["name"] = json!("t2");
+        let stored = up(&served, &versions()).unwrap();
+        let spec = &stored["spec"]["machineTemplate"]["spec"];
+        assert_eq!(spec["deletion"]["nodeDeletionTimeoutSeconds"], 120);
+        assert_eq!(spec["infrastructureRef"]["name"], "t2");
+        // Read back: the edited values, the reference as last written.
+        let again = down(&stored, &KnownApiVersions::new()).unwrap();
+        assert_eq!(
+            again["spec"]["machineTemplate"]["nodeDeletionTimeout"],
+            "2m"
+        );
+        assert_eq!(
+            again["spec"]["machineTemplate"]["infrastructureRef"]["apiVersion"],
+            "infrastructure.cluster.x-k8s.io/v1beta1"
+        );
+        // An edit in v1beta3 of a remembered value wins too.
+        let mut stored = up(&v1beta2(), &versions()).unwrap();
+        stored["spec"]["machineTemplate"]["spec"]["deletion"]["nodeDeletionTimeoutSeconds"] =
+            json!(7);
+        let served = down(&stored, &KnownApiVersions::new()).unwrap();
+        assert_eq!(
+            served["spec"]["machineTemplate"]["nodeDeletionTimeout"],
+            "7s"
+        );
+    }
+
+    #[test]
+    fn templates_convert_under_spec_template_spec() {
+        let template = json!({
+            "apiVersion": V1BETA2, "kind": "KThreesControlPlaneTemplate",
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"template": {"metadata": {"labels": {"a": "b"}}, "spec": {
+                "kthreesConfigSpec": {"serverConfig": {"tlsSan": ["0.0.0.0"]}},
+                "machineTemplate": {"nodeDrainTimeout": "30s", "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": "x"}},
+                "rolloutBefore": {"certificatesExpiryDays": 30},
+                "externalDatastore": true,
+            }}},
+        });
+        let stored = up(&template, &versions()).unwrap();
+        let spec = &stored["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["machineTemplate"]["spec"]["deletion"]["nodeDrainTimeoutSeconds"],
+            30
+        );
+        assert_eq!(spec["rollout"]["before"]["certificatesExpiryDays"], 30);
+        assert_eq!(spec["externalDatastore"], true);
+        // A template has no infrastructure reference in v1beta3 (the
+        // ClusterClass gives it): kept for v1beta2 readers only.
+        assert!(
+            spec["machineTemplate"]["spec"]
+                .get("infrastructureRef")
+                .is_none()
+        );
+        assert_eq!(stored["spec"]["template"]["metadata"]["labels"]["a"], "b");
+        assert_eq!(down(&stored, &KnownApiVersions::new()).unwrap(), template);
+        let _: crate::api::KThreesControlPlaneTemplate = serde_json::from_value(stored).unwrap();
+    }
+
+    #[test]
+    fn bad_input_names_the_object_and_the_field() {
+        let mut unknown_version = v1beta3();
+        unknown_version["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["kind"] =
+            json!("AWSMachineTemplate");
+        let mut negative = v1beta2();
+        negative["spec"]["machineTemplate"]["nodeDrainTimeout"] = json!("-5m");
+        let mut stray = v1beta2();
+        stray["spec"]["machineTemplate"]["spec"] = json!({"x": 1});
+        let mut not_seconds = v1beta3();
+        not_seconds["spec"]["remediation"]["retryPeriodSeconds"] = json!("60");
+        let cases = [
+            (
+                unknown_version,
+                V1BETA2,
+                "spec.machineTemplate.spec.infrastructureRef: cannot tell the API version of AWSMachineTemplate",
+            ),
+            (
+                negative,
+                V1BETA3,
+                "spec.machineTemplate.nodeDrainTimeout: \"-5m\" is not a non-negative duration",
+            ),
+            (
+                stray,
+                V1BETA3,
+                "spec.machineTemplate.spec.x: not a field of v1beta2",
+            ),
+            (
+                not_seconds,
+                V1BETA2,
+                "spec.remediation.retryPeriodSeconds: must be whole seconds",
+            ),
+        ];
+        for (object, desired, want) in cases {
+            let err = convert(&object, desired, &versions())
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("KThreesControlPlane ns/cp: "), "{err}");
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
 }

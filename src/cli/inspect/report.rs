@@ -648,7 +648,7 @@ mod report_tests {
 
     fn kcp() -> KThreesControlPlane {
         serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
                          "finalizers": [crate::api::names::KCP_FINALIZER]},
             "spec": {

@@ -581,7 +581,7 @@ mod tests {
         tx.send_replace(Some(Instant::now() - Duration::from_millis(1)));
         let ctx = unreachable_context(guard);
         let kcp: crate::api::KThreesControlPlane = serde_json::from_value(serde_json::json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KThreesControlPlane",
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
             "metadata": {"name": "cp", "namespace": "default"},
             "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
                      "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
