@@ -7,6 +7,7 @@
 
 mod auth;
 mod builtin;
+mod conversion;
 mod discovery;
 mod error;
 mod faults;
