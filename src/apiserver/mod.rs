@@ -1,7 +1,8 @@
 //! An in-process Kubernetes API server for tests and the demo: a real `kube::Client`
 //! talks to it over plain HTTP, or over TLS with client certificates like a k3s API
 //! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
-//! garbage collection, selectors, paging and watch), optionally enforcing RBAC for
+//! garbage collection, selectors, paging and watch, conversion between a CRD's
+//! versions by a registered [`Converter`]), optionally enforcing RBAC for
 //! token and client-certificate users ([`TestApiServerBuilder::enforce_rbac`]).
 //! Deviations: docs/apiserver.md, "Known deviations from a real API server".
 
@@ -99,6 +100,7 @@ impl TestApiServerBuilder {
     /// answer back to its own version. Without a converter such requests fail as
     /// with an unreachable webhook (500). One converter per group; it sees each
     /// object's `kind`. A later call for the same group replaces the converter.
+    /// It runs with the store locked, so it must not call this server.
     pub fn converter(mut self, group: &str, converter: Converter) -> Self {
         self.converters.register(group, converter);
         self
