@@ -45,6 +45,12 @@ impl Converters {
         self.by_group.insert(group.to_string(), converter);
     }
 
+    /// Whether objects stored for `def` look different in `version` beyond
+    /// their `apiVersion`.
+    pub fn changes_shape(&self, def: &ResourceDef, version: &str) -> bool {
+        def.conversion == ConversionStrategy::Webhook && version != def.storage_version
+    }
+
     /// `object`, in any version of `def`, as the storage version.
     pub fn to_storage(&self, def: &ResourceDef, object: Value) -> Result<Value, ApiError> {
         self.convert(def, object, &def.storage_version)

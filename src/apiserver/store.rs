@@ -190,6 +190,27 @@ impl Store {
         self.converters.convert(def, stored, version)
     }
 
+    /// A stored object as `version` of `def` shows it, if `keep` accepts it
+    /// there. Where only `apiVersion` would change, `keep` judges the stored
+    /// object, so what it refuses is never copied (lists and watches filter
+    /// many objects).
+    pub fn shown_if(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        stored: &Value,
+        keep: impl Fn(&Value) -> bool,
+    ) -> Result<Option<Value>, ApiError> {
+        if self.converters.changes_shape(def, version) {
+            let shown = self.shown(def, version, stored.clone())?;
+            return Ok(keep(&shown).then_some(shown));
+        }
+        if !keep(stored) {
+            return Ok(None);
+        }
+        self.shown(def, version, stored.clone()).map(Some)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic in another handler must not take the whole test server down.
         self.state
@@ -380,8 +401,9 @@ impl Store {
             .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
             .filter(|(k, _)| start_after.as_ref().is_none_or(|after| *k > after))
         {
-            let shown = self.shown(def, version, stored.clone())?;
-            if labels.matches(&shown) && fields.matches(&shown) {
+            if let Some(shown) = self.shown_if(def, version, stored, |o| {
+                labels.matches(o) && fields.matches(o)
+            })? {
                 matching.push((key, shown));
             }
         }

@@ -88,9 +88,9 @@ async fn run(
         Ok(WatchStart::From(rv)) => rv,
         Ok(WatchStart::Snapshot { objects, rv }) => {
             for stored in objects {
-                let obj = match in_version(&ctx.store, &req, &stored) {
-                    Ok(Some(obj)) if matches(&req, &obj) => obj,
-                    Ok(_) => continue,
+                let obj = match shown_if(&ctx.store, &req, &stored, |o| matches(&req, o)) {
+                    Ok(Some(obj)) => obj,
+                    Ok(None) => continue,
                     Err(err) => {
                         let _ = send(&tx, error_event(&err)).await;
                         return;
@@ -173,15 +173,20 @@ fn translate(
     req: &WatchRequest,
     ev: &StoredEvent,
 ) -> Result<Option<Value>, ApiError> {
-    let Some(object) = in_version(store, req, &ev.object)? else {
+    let before = match &ev.prev {
+        Some(prev) => shown_if(store, req, prev, |o| matches(req, o))?.is_some(),
+        None => false,
+    };
+    // One that matched is sent whatever it is now (it may go as DELETED).
+    let object = if before {
+        shown_if(store, req, &ev.object, |_| true)?
+    } else {
+        shown_if(store, req, &ev.object, |o| matches(req, o))?
+    };
+    let Some(object) = object else {
         return Ok(None);
     };
-    let prev = match &ev.prev {
-        Some(p) => in_version(store, req, p)?,
-        None => None,
-    };
-    let now = matches(req, &object);
-    let before = prev.as_ref().is_some_and(|p| matches(req, p));
+    let now = !before || matches(req, &object);
     let kind = match ev.kind {
         EventType::Added => now.then_some("ADDED"),
         EventType::Deleted => (now || before).then_some("DELETED"),
@@ -195,12 +200,14 @@ fn translate(
     Ok(kind.map(|kind| event(kind, presented(req, object))))
 }
 
-/// A stored object in the watch's version; `None` outside the watch's
-/// namespace (not converted: nothing of it is sent).
-fn in_version(
+/// A stored object in the watch's version if `keep` accepts it there (see
+/// `Store::shown_if`); one outside the watch's namespace is never converted
+/// (nothing of it is sent).
+fn shown_if(
     store: &Store,
     req: &WatchRequest,
     stored: &Value,
+    keep: impl Fn(&Value) -> bool,
 ) -> Result<Option<Value>, ApiError> {
     let namespace = stored
         .pointer("/metadata/namespace")
@@ -212,9 +219,7 @@ fn in_version(
     {
         return Ok(None);
     }
-    store
-        .shown(&req.def, &req.version, stored.clone())
-        .map(Some)
+    store.shown_if(&req.def, &req.version, stored, keep)
 }
 
 /// The `meta.k8s.io/v1` PartialObjectMetadata view of an object.

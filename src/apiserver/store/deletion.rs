@@ -77,8 +77,10 @@ impl Store {
             .flatten()
             .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
         {
-            let shown = self.shown(def, version, stored.clone())?;
-            if labels.matches(&shown) && fields.matches(&shown) {
+            let selected = self.shown_if(def, version, stored, |o| {
+                labels.matches(o) && fields.matches(o)
+            })?;
+            if selected.is_some() {
                 keys.push(key.clone());
             }
         }
