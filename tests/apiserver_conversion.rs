@@ -529,8 +529,11 @@ async fn strategy_none_changes_only_the_api_version() {
 }
 
 /// Our CRDs in the harness's management server come with our conversion: an
-/// upstream (cluster-api-k3s) v1beta1 KThreesControlPlane is read as v1beta2,
-/// and what only v1beta2 says survives a v1beta1 write.
+/// upstream (cluster-api-k3s) v1beta1 KThreesControlPlane is stored as v1beta3
+/// and read in every version; one written in v1beta3, referencing its
+/// infrastructure template by group only, reads as v1beta1 with the template's
+/// API version (from the sandbox's infrastructure CRDs); what only v1beta2 says
+/// survives a v1beta1 write.
 #[tokio::test]
 async fn the_management_server_converts_our_kinds_with_our_conversion() {
     let server = k3s_control_plane::harness::sandbox::management_server()
@@ -544,7 +547,7 @@ async fn the_management_server_converts_our_kinds_with_our_conversion() {
             version,
         )
     };
-    let (v1, v2) = (kcps("v1beta1"), kcps("v1beta2"));
+    let (v1, v2, v3) = (kcps("v1beta1"), kcps("v1beta2"), kcps("v1beta3"));
     // As cluster-api-k3s users write it (tests/fixtures/upstream-kcp-v1beta1.yaml).
     let upstream = json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KThreesControlPlane",
@@ -564,19 +567,23 @@ async fn the_management_server_converts_our_kinds_with_our_conversion() {
     )
     .await
     .expect("created as v1beta1");
-    let stored = json_of(&v2.get(name).await.unwrap());
+    let stored = json_of(&v3.get(name).await.unwrap());
+    let reference = &stored["spec"]["machineTemplate"]["spec"]["infrastructureRef"];
     assert_eq!(
-        stored["spec"]["machineTemplate"]["infrastructureRef"],
+        (&reference["kind"], &reference["name"]),
+        (&json!("DockerMachineTemplate"), &json!(name)),
+        "{stored}"
+    );
+    let as_v2 = json_of(&v2.get(name).await.unwrap());
+    assert_eq!(
+        as_v2["spec"]["machineTemplate"]["infrastructureRef"],
         upstream["spec"]["infrastructureTemplate"]
     );
     assert_eq!(
-        stored["spec"]["rolloutAfter"],
+        as_v2["spec"]["rolloutAfter"],
         upstream["spec"]["upgradeAfter"]
     );
-    assert!(
-        stored["spec"].get("infrastructureTemplate").is_none(),
-        "{stored}"
-    );
+    assert_eq!(as_v2["metadata"]["uid"], stored["metadata"]["uid"]);
 
     v2.patch(
         name,
@@ -594,10 +601,32 @@ async fn the_management_server_converts_our_kinds_with_our_conversion() {
     )
     .await
     .unwrap();
-    let stored = json_of(&v2.get(name).await.unwrap());
-    assert_eq!(stored["spec"]["replicas"], 5);
+    let as_v2 = json_of(&v2.get(name).await.unwrap());
+    assert_eq!(as_v2["spec"]["replicas"], 5);
     assert_eq!(
-        stored["spec"]["rolloutBefore"]["certificatesExpiryDays"], 21,
-        "{stored}"
+        as_v2["spec"]["rolloutBefore"]["certificatesExpiryDays"], 21,
+        "{as_v2}"
+    );
+
+    // Written in the stored version, the template named by group only.
+    let current = json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
+        "metadata": {"name": "current", "namespace": NS},
+        "spec": {"replicas": 1, "version": "v1.30.2+k3s2",
+            "machineTemplate": {"spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate",
+                "name": "current"}}}}
+    });
+    v3.create(
+        &PostParams::default(),
+        &serde_json::from_value(current).unwrap(),
+    )
+    .await
+    .expect("created as v1beta3");
+    let as_v1 = json_of(&v1.get("current").await.expect("read as v1beta1"));
+    assert_eq!(
+        as_v1["spec"]["infrastructureTemplate"]["apiVersion"],
+        "infrastructure.cluster.x-k8s.io/v1beta1",
+        "{as_v1}"
     );
 }
