@@ -17,10 +17,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use docker_support::{ContainerGuard, docker, image_size, run_suffix};
-use k3s_control_plane::api::{KThreesControlPlane, crds};
-use k3s_control_plane::apiserver::{ResourceDef, Scope, ServerTls, TestApiServer};
+use k3s_control_plane::api::KThreesControlPlane;
+use k3s_control_plane::apiserver::{ServerTls, TestApiServer};
 use k3s_control_plane::harness::TestCa;
-use k3s_control_plane::harness::sandbox::{docker_machine, docker_machine_template};
+use k3s_control_plane::harness::sandbox::management_builder;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use rcgen::{ExtendedKeyUsagePurpose, SanType};
@@ -129,7 +129,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The management API as `harness::sandbox::management_server` serves it, but
+/// The management API as `harness::sandbox::management_builder` serves it, but
 /// over mutual TLS, as a real one: a serving certificate for 127.0.0.1 from its
 /// own CA, client certificates required; the kubeconfig carries the CA and a
 /// client identity, so the container trusts nothing else.
@@ -146,16 +146,7 @@ async fn management_server_tls() -> TestApiServer {
         &[],
         &[ExtendedKeyUsagePurpose::ClientAuth],
     );
-    let mut builder = TestApiServer::builder().with_core_resources();
-    for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
-        builder = builder.resource(ResourceDef::from_crd(crd));
-    }
-    builder
-        .resource(ResourceDef::new(
-            docker_machine_template(),
-            Scope::Namespaced,
-        ))
-        .resource(ResourceDef::new(docker_machine(), Scope::Namespaced).with_status())
+    management_builder()
         .tls(ServerTls {
             ca_pem: server_ca.pair.cert_pem.clone(),
             cert_pem: serving.cert_pem,

@@ -1,5 +1,6 @@
 //! Discovery documents: `/` (the path list), `/version`, `/api`, `/apis`, and the per-group-version resource lists.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
@@ -54,6 +55,9 @@ pub fn document(registry: &Registry, segments: &[&str]) -> Option<Value> {
     }
 }
 
+/// Each group's served versions, highest priority first: the order of the real
+/// discovery documents, whose first version is the group's preferred version
+/// (for CRDs whatever their storage version or the order they list versions in).
 fn groups(registry: &Registry) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for def in registry.all().iter().filter(|d| !d.group.is_empty()) {
@@ -64,7 +68,42 @@ fn groups(registry: &Registry) -> BTreeMap<String, Vec<String>> {
             }
         }
     }
+    for versions in out.values_mut() {
+        versions.sort_by(|a, b| kube_aware_priority(b, a));
+    }
     out
+}
+
+/// Kubernetes' version priority (apimachinery's `CompareKubeAwareVersionStrings`):
+/// `vN` before `vNbetaM` before `vNalphaM`, higher numbers first within each;
+/// any other name after those, alphabetically. `Greater` = `a` is preferred.
+fn kube_aware_priority(a: &str, b: &str) -> Ordering {
+    match (kube_version(a), kube_version(b)) {
+        (Some(a), Some(b)) => a.cmp(&b),
+        (Some(_), None) => Ordering::Greater,
+        (None, Some(_)) => Ordering::Less,
+        (None, None) => b.cmp(a),
+    }
+}
+
+/// `(stability, major, minor)` of a `v1`, `v2beta3`, `v1alpha1`: GA 2, beta 1, alpha 0.
+fn kube_version(version: &str) -> Option<(u8, u64, u64)> {
+    let rest = version.strip_prefix('v')?;
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let major = rest[..digits].parse().ok()?;
+    let (stability, minor) = match &rest[digits..] {
+        "" => return Some((2, major, 0)),
+        tail => match tail.strip_prefix("beta") {
+            Some(minor) => (1, minor),
+            None => (0, tail.strip_prefix("alpha")?),
+        },
+    };
+    if minor.is_empty() || !minor.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stability, major, minor.parse().ok()?))
 }
 
 fn group(name: &str, versions: &[String]) -> Value {
@@ -103,4 +142,69 @@ fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
         format!("{group}/{version}")
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_sort_by_kubernetes_priority() {
+        let mut versions = vec![
+            "v1alpha1",
+            "v1beta1",
+            "foo1",
+            "v1",
+            "v2beta1",
+            "v1beta2",
+            "v10",
+            "v2",
+            "v11alpha2",
+            "bar",
+        ];
+        versions.sort_by(|a, b| kube_aware_priority(b, a));
+        assert_eq!(
+            versions,
+            [
+                "v10",
+                "v2",
+                "v1",
+                "v2beta1",
+                "v1beta2",
+                "v1beta1",
+                "v11alpha2",
+                "v1alpha1",
+                "bar",
+                "foo1"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_groups_preferred_version_is_its_highest_priority_one() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        // Listed oldest first and stored in the middle, as a CRD may be.
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+              "names": {"kind": "Widget", "plural": "widgets"},
+              "versions": [
+                {"name": "v1beta1", "served": true, "storage": false},
+                {"name": "v1beta2", "served": true, "storage": true},
+                {"name": "v1beta3", "served": true, "storage": false}]}
+        }))
+        .unwrap();
+        let mut registry = Registry::default();
+        registry.add(super::super::resource::ResourceDef::from_crd(&crd));
+        let group = document(&registry, &["apis", "example.com"]).unwrap();
+        assert_eq!(group["preferredVersion"]["version"], "v1beta3");
+        let versions: Vec<&str> = group["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["version"].as_str().unwrap())
+            .collect();
+        assert_eq!(versions, ["v1beta3", "v1beta2", "v1beta1"]);
+    }
 }

@@ -1,12 +1,14 @@
 //! An in-process Kubernetes API server for tests and the demo: a real `kube::Client`
 //! talks to it over plain HTTP, or over TLS with client certificates like a k3s API
 //! server ([`ServerTls`]) (CRUD, patches, status/scale subresources, finalizers, owner
-//! garbage collection, selectors, paging and watch), optionally enforcing RBAC for
+//! garbage collection, selectors, paging and watch, conversion between a CRD's
+//! versions by a registered [`Converter`]), optionally enforcing RBAC for
 //! token and client-certificate users ([`TestApiServerBuilder::enforce_rbac`]).
 //! Deviations: docs/apiserver.md, "Known deviations from a real API server".
 
 mod auth;
 mod builtin;
+mod conversion;
 mod discovery;
 mod error;
 mod faults;
@@ -34,12 +36,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthorizationRecord, Grant};
+pub use conversion::Converter;
 pub use error::ApiError;
 pub use patch::PatchKind;
-pub use resource::{ResourceDef, ScaleDef, Scope};
+pub use resource::{ConversionStrategy, ResourceDef, ScaleDef, Scope};
 pub use selector::{FieldSelector, LabelSelector};
 pub use tls::ServerTls;
 
+use conversion::Converters;
 use faults::Faults;
 use resource::Registry;
 use store::{ResKey, Store};
@@ -72,6 +76,7 @@ pub enum Error {
 /// Configures and starts a [`TestApiServer`].
 pub struct TestApiServerBuilder {
     registry: Registry,
+    converters: Converters,
     history_limit: usize,
     bookmark_interval: Duration,
     tls: Option<ServerTls>,
@@ -84,6 +89,20 @@ impl TestApiServerBuilder {
     /// Serve this resource.
     pub fn resource(mut self, def: ResourceDef) -> Self {
         self.registry.add(def);
+        self
+    }
+
+    /// Convert the objects of API group `group` between versions with
+    /// `converter`, in place of the conversion webhook of every resource of the
+    /// group whose CRD says `spec.conversion.strategy: Webhook`
+    /// ([`ResourceDef::from_crd`]): a request in another version than the
+    /// storage version has its object converted to the storage version and the
+    /// answer back to its own version. Without a converter such requests fail as
+    /// with an unreachable webhook (500). One converter per group; it sees each
+    /// object's `kind`. A later call for the same group replaces the converter.
+    /// It runs with the store locked, so it must not call this server.
+    pub fn converter(mut self, group: &str, converter: Converter) -> Self {
+        self.converters.register(group, converter);
         self
     }
 
@@ -225,7 +244,11 @@ impl TestApiServerBuilder {
                 (listener, addr)
             }
         };
-        let store = Arc::new(Store::new(self.registry, self.history_limit));
+        let store = Arc::new(Store::new(
+            self.registry,
+            self.converters,
+            self.history_limit,
+        ));
         let shutdown = CancellationToken::new();
         let (expiry_tx, expiry_rx) = tokio::sync::watch::channel(0u64);
         let faults = Arc::new(Faults::default());
@@ -331,6 +354,7 @@ impl TestApiServer {
     pub fn builder() -> TestApiServerBuilder {
         TestApiServerBuilder {
             registry: Registry::default(),
+            converters: Converters::default(),
             history_limit: 1000,
             bookmark_interval: Duration::from_secs(1),
             tls: None,

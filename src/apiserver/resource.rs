@@ -18,12 +18,29 @@ pub struct ScaleDef {
     pub label_selector_path: Option<String>,
 }
 
-/// One served resource: every version shares one store (no conversion between versions).
+/// How an object written in one version is read in another: a CRD's
+/// `spec.conversion.strategy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConversionStrategy {
+    /// Only `apiVersion` changes (the CRD default, and every built-in here).
+    #[default]
+    None,
+    /// The group's registered converter changes the shape (see `conversion`),
+    /// as a CRD's conversion webhook does.
+    Webhook,
+}
+
+/// One served resource: every version shares one store, which keeps each object
+/// once, in [`storage_version`](Self::storage_version); reads and writes in another
+/// version convert by [`conversion`](Self::conversion).
 #[derive(Clone, Debug)]
 pub struct ResourceDef {
     pub group: String,
-    /// Served versions; the first one is the storage version reported in discovery.
+    /// Served versions, in registration (CRD) order.
     pub versions: Vec<String>,
+    /// The version objects are stored in (a CRD's `storage: true` version).
+    pub storage_version: String,
+    pub conversion: ConversionStrategy,
     pub kind: String,
     pub plural: String,
     pub scope: Scope,
@@ -52,7 +69,9 @@ impl ResourceDef {
     pub fn new(api: ApiResource, scope: Scope) -> Self {
         Self {
             group: api.group,
+            storage_version: api.version.clone(),
             versions: vec![api.version],
+            conversion: ConversionStrategy::None,
             kind: api.kind,
             plural: api.plural,
             scope,
@@ -91,11 +110,25 @@ impl ResourceDef {
         self
     }
 
-    /// Every served version of a CRD with its scope and status/scale subresources.
-    /// Subresources and selectable fields are taken from the first served version.
+    /// Every served version of a CRD with its scope, status/scale subresources,
+    /// storage version and conversion strategy. Subresources and selectable fields
+    /// are taken from the first served version.
     pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
         let spec = &crd.spec;
         let served: Vec<_> = spec.versions.iter().filter(|v| v.served).collect();
+        // The API server refuses a CRD without exactly one storage version; a
+        // hand-written one without any is stored in its first served version.
+        let storage_version = spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .or(served.first().copied())
+            .map(|v| v.name.clone())
+            .unwrap_or_default();
+        let conversion = match spec.conversion.as_ref().map(|c| c.strategy.as_str()) {
+            Some("Webhook") => ConversionStrategy::Webhook,
+            _ => ConversionStrategy::None,
+        };
         let subresources = served.first().and_then(|v| v.subresources.as_ref());
         let scale = subresources
             .and_then(|s| s.scale.as_ref())
@@ -112,6 +145,8 @@ impl ResourceDef {
         Self {
             group: spec.group.clone(),
             versions: served.iter().map(|v| v.name.clone()).collect(),
+            storage_version,
+            conversion,
             kind: spec.names.kind.clone(),
             plural: spec.names.plural.clone(),
             scope: if spec.scope == "Cluster" {
@@ -215,7 +250,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Add a resource; a later definition of the same group and plural merges its versions in.
+    /// Add a resource; a later definition of the same group and plural merges its
+    /// versions in (the first definition's storage version and conversion stay).
     pub fn add(&mut self, def: ResourceDef) {
         if let Some(existing) = self
             .defs
@@ -325,5 +361,26 @@ mod tests {
         );
         assert_eq!(def.qualified_plural(), "widgets.example.com");
         assert!(!def.unconditional_update);
+        assert_eq!(def.storage_version, "v1");
+        assert_eq!(def.conversion, ConversionStrategy::None);
+    }
+
+    #[test]
+    fn crd_registration_reads_the_storage_version_and_the_webhook_strategy() {
+        let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+              "names": {"kind": "Widget", "plural": "widgets"},
+              "conversion": {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"]}},
+              "versions": [
+                {"name": "v1", "served": true, "storage": false},
+                {"name": "v2", "served": true, "storage": true}]}
+        }))
+        .unwrap();
+        let def = ResourceDef::from_crd(&crd);
+        assert_eq!(def.versions, vec!["v1", "v2"]);
+        assert_eq!(def.storage_version, "v2");
+        assert_eq!(def.conversion, ConversionStrategy::Webhook);
     }
 }

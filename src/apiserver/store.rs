@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{Value, json};
 
 use super::builtin;
+use super::conversion::Converters;
 use super::error::{ApiError, Subject};
 use super::meta::{self, meta_mut, meta_str};
 use super::patch::PatchKind;
@@ -119,15 +120,25 @@ struct State {
     orphan_on_delete: HashSet<String>,
 }
 
-/// Thread-safe store shared by the HTTP handlers and the watch streams.
+/// Thread-safe store shared by the HTTP handlers and the watch streams. Each
+/// object is kept once, in its resource's storage version; every method takes
+/// and returns objects in the version of the request (`version`).
 pub struct Store {
     state: Mutex<State>,
     registry: Registry,
+    converters: Converters,
     revision: tokio::sync::watch::Sender<u64>,
 }
 
+/// An object as stored, and as the request's version shows it (the same
+/// object, but for `apiVersion`, unless the resource converts its shape).
+struct Current {
+    stored: Value,
+    shown: Value,
+}
+
 impl Store {
-    pub fn new(registry: Registry, history_limit: usize) -> Self {
+    pub fn new(registry: Registry, converters: Converters, history_limit: usize) -> Self {
         let mut objects = HashMap::new();
         for def in registry.all() {
             objects.insert(ResKey::of(def), BTreeMap::new());
@@ -142,6 +153,7 @@ impl Store {
                 orphan_on_delete: HashSet::new(),
             }),
             registry,
+            converters,
             revision: tokio::sync::watch::channel(1).0,
         };
         store.seed_namespaces();
@@ -166,6 +178,37 @@ impl Store {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// A stored object as `version` of `def` shows it.
+    pub fn shown(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        stored: Value,
+    ) -> Result<Value, ApiError> {
+        self.converters.convert(def, stored, version)
+    }
+
+    /// A stored object as `version` of `def` shows it, if `keep` accepts it
+    /// there. Where only `apiVersion` would change, `keep` judges the stored
+    /// object, so what it refuses is never copied (lists and watches filter
+    /// many objects).
+    pub fn shown_if(
+        &self,
+        def: &ResourceDef,
+        version: &str,
+        stored: &Value,
+        keep: impl Fn(&Value) -> bool,
+    ) -> Result<Option<Value>, ApiError> {
+        if self.converters.changes_shape(def, version) {
+            let shown = self.shown(def, version, stored.clone())?;
+            return Ok(keep(&shown).then_some(shown));
+        }
+        if !keep(stored) {
+            return Ok(None);
+        }
+        self.shown(def, version, stored.clone()).map(Some)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -267,9 +310,6 @@ impl Store {
             ));
         }
         let key = (ns.clone(), name.clone());
-        if st.objects.get(&res).is_some_and(|m| m.contains_key(&key)) {
-            return Err(ApiError::AlreadyExists(Subject::resource(def, &name)));
-        }
         let rv = st.rv + 1;
         builtin::normalize(&res, &mut obj);
         obj["apiVersion"] = json!(def.api_version(version));
@@ -300,13 +340,19 @@ impl Store {
         m.insert("creationTimestamp".into(), json!(meta::now_timestamp()));
         m.insert("generation".into(), json!(1));
         m.insert("resourceVersion".into(), json!(rv.to_string()));
+        // Converted when written, as the real storage encodes it (a conversion
+        // failure comes before AlreadyExists there too).
+        let stored = self.converters.to_storage(def, obj)?;
+        if st.objects.get(&res).is_some_and(|m| m.contains_key(&key)) {
+            return Err(ApiError::AlreadyExists(Subject::resource(def, &name)));
+        }
         st.objects
             .entry(res.clone())
             .or_default()
-            .insert(key, obj.clone());
-        self.record(&mut st, res, EventType::Added, obj.clone(), None);
+            .insert(key, stored.clone());
+        self.record(&mut st, res, EventType::Added, stored.clone(), None);
         drop(st);
-        Ok(obj)
+        self.shown(def, version, stored)
     }
 
     pub fn get(
@@ -316,9 +362,8 @@ impl Store {
         ns: Option<&str>,
         name: &str,
     ) -> Result<Value, ApiError> {
-        let st = self.lock();
-        let obj = lookup(&st, def, ns, name)?;
-        Ok(with_version(def, version, obj.clone()))
+        let stored = lookup(&self.lock(), def, ns, name)?.clone();
+        self.shown(def, version, stored)
     }
 
     pub fn list(
@@ -348,12 +393,20 @@ impl Store {
         };
         let empty = BTreeMap::new();
         let all = st.objects.get(&ResKey::of(def)).unwrap_or(&empty);
-        let matching: Vec<(&ObjKey, &Value)> = all
+        // Selectors see the object in the version asked for (selectable fields
+        // are per version); one object that cannot be converted fails the list.
+        let mut matching: Vec<(&ObjKey, Value)> = Vec::new();
+        for (key, stored) in all
             .iter()
             .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
             .filter(|(k, _)| start_after.as_ref().is_none_or(|after| *k > after))
-            .filter(|(_, v)| labels.matches(v) && fields.matches(v))
-            .collect();
+        {
+            if let Some(shown) = self.shown_if(def, version, stored, |o| {
+                labels.matches(o) && fields.matches(o)
+            })? {
+                matching.push((key, shown));
+            }
+        }
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let (page, rest) = matching.split_at(matching.len().min(limit));
         let continue_token = (!rest.is_empty()).then(|| {
@@ -363,10 +416,7 @@ impl Store {
             format!("{}/{}", last_key.0, last_key.1)
         });
         Ok(ListPage {
-            items: page
-                .iter()
-                .map(|(_, v)| with_version(def, version, (*v).clone()))
-                .collect(),
+            items: page.iter().map(|(_, v)| v.clone()).collect(),
             resource_version: st.rv,
             continue_token,
             remaining: (!rest.is_empty()).then_some(rest.len()),
@@ -400,7 +450,7 @@ impl Store {
             ));
         }
         let mut st = self.lock();
-        let old = lookup(&st, def, ns, name)?.clone();
+        let stored = lookup(&st, def, ns, name)?.clone();
         // As the generic registry's Update: without a resourceVersion the write
         // is unconditional only where the strategy allows it (built-ins); for a
         // custom resource (or a Lease) it is Invalid. The error names the
@@ -413,8 +463,13 @@ impl Store {
                 detail: "Invalid value: 0x0: must be specified for an update".into(),
             });
         }
-        let out = self.commit_update(&mut st, def, &old, body, target)?;
-        Ok(with_version(def, version, out))
+        let current = Current {
+            shown: self.shown(def, version, stored.clone())?,
+            stored,
+        };
+        let out = self.commit_update(&mut st, def, &current, body, target)?;
+        drop(st);
+        self.shown(def, version, out)
     }
 
     /// PATCH: apply the patch to the stored object, then write it like a PUT.
@@ -431,7 +486,7 @@ impl Store {
         target: Target,
     ) -> Result<(Value, bool), ApiError> {
         let mut st = self.lock();
-        let old = match lookup(&st, def, ns, name) {
+        let stored = match lookup(&st, def, ns, name) {
             Ok(o) => o.clone(),
             Err(ApiError::NotFound(_)) if kind == PatchKind::Apply && target == Target::Main => {
                 drop(st);
@@ -453,8 +508,12 @@ impl Store {
         if kind == PatchKind::Apply {
             check_type(def, version, patch)?;
         }
-        let current = with_version(def, version, old.clone());
-        let patched = kind.apply(&current, patch).map_err(|e| match e {
+        // The patch applies to the object as read in the request's version.
+        let current = Current {
+            shown: self.shown(def, version, stored.clone())?,
+            stored,
+        };
+        let patched = kind.apply(&current.shown, patch).map_err(|e| match e {
             ApiError::Invalid { field, detail, .. } => ApiError::Invalid {
                 subject: Box::new(Subject::kind(def, name)),
                 field,
@@ -472,89 +531,37 @@ impl Store {
                 "a patch may not change metadata.name".into(),
             ));
         }
-        let out = self.commit_update(&mut st, def, &old, patched, target)?;
-        Ok((with_version(def, version, out), false))
+        let out = self.commit_update(&mut st, def, &current, patched, target)?;
+        drop(st);
+        Ok((self.shown(def, version, out)?, false))
     }
 
-    /// The write path shared by PUT and PATCH: preconditions, protected fields,
-    /// finalizer rules, no-op detection, generation, revision, event.
+    /// The write path shared by PUT and PATCH: the update is judged in the
+    /// request's version ([`prepare_update`]), converted to the storage
+    /// version, and committed there (no-op detection, generation, revision,
+    /// event). Returns the object as stored.
     fn commit_update(
         &self,
         st: &mut State,
         def: &ResourceDef,
-        old: &Value,
-        mut new: Value,
+        current: &Current,
+        new: Value,
         target: Target,
     ) -> Result<Value, ApiError> {
-        let name = meta_str(old, "name").unwrap_or_default().to_string();
-        if let Some(rv) = body_resource_version(&new)
-            && Some(rv) != meta_str(old, "resourceVersion")
-        {
-            return Err(conflict(def, &name));
-        }
-        if target == Target::Status {
-            let status = new.get("status").cloned();
-            new = old.clone();
-            let root = new.as_object_mut().expect("stored objects are objects");
-            match status {
-                Some(s) => root.insert("status".into(), s),
-                None => root.remove("status"),
-            };
-        } else if def.status {
-            let root = new.as_object_mut().expect("checked object");
-            match old.get("status") {
-                Some(s) => root.insert("status".into(), s.clone()),
-                None => root.remove("status"),
-            };
-        }
-        new["apiVersion"] = old["apiVersion"].clone();
-        new["kind"] = old["kind"].clone();
-        {
-            let old_meta = meta::meta(old).cloned().unwrap_or_default();
-            let m = meta_mut(&mut new);
-            for protected in [
-                "name",
-                "namespace",
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-                "resourceVersion",
-            ] {
-                match old_meta.get(protected) {
-                    Some(v) => m.insert(protected.into(), v.clone()),
-                    None => m.remove(protected),
-                };
-            }
-        }
-        let being_deleted = meta_str(old, "deletionTimestamp").is_some();
-        if being_deleted {
-            let before = meta::finalizers(old);
-            let added: Vec<String> = meta::finalizers(&new)
-                .into_iter()
-                .filter(|f| !before.contains(f))
-                .collect();
-            if !added.is_empty() {
-                return Err(ApiError::Invalid {
-                    subject: Box::new(Subject::kind(def, &name)),
-                    field: "metadata.finalizers".into(),
-                    detail: format!(
-                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                    ),
-                });
-            }
-        }
-        builtin::normalize(&ResKey::of(def), &mut new);
+        let new = prepare_update(def, &current.shown, new, target)?;
+        let mut new = self.converters.to_storage(def, new)?;
+        let old = &current.stored;
         if new == *old {
             // The real server skips unchanged writes: no new revision, no event.
             return Ok(old.clone());
         }
+        // Only a change of the stored spec counts, whatever the version written.
         if spec_part(def, &new) != spec_part(def, old) {
             meta_mut(&mut new).insert("generation".into(), json!(meta::generation(old) + 1));
         }
         let res = ResKey::of(def);
         let key = obj_key(&new);
+        let being_deleted = meta_str(old, "deletionTimestamp").is_some();
         if being_deleted && meta::finalizers(&new).is_empty() {
             return Ok(self.remove(st, &res, &key, new));
         }
@@ -638,6 +645,78 @@ impl Store {
     }
 }
 
+/// An update as the generic registry's strategy prepares it, on objects in the
+/// request's version: the resourceVersion precondition, the status subresource's
+/// split, server-owned metadata kept, no finalizer added while deleting.
+fn prepare_update(
+    def: &ResourceDef,
+    old: &Value,
+    mut new: Value,
+    target: Target,
+) -> Result<Value, ApiError> {
+    let name = meta_str(old, "name").unwrap_or_default().to_string();
+    if let Some(rv) = body_resource_version(&new)
+        && Some(rv) != meta_str(old, "resourceVersion")
+    {
+        return Err(conflict(def, &name));
+    }
+    if target == Target::Status {
+        let status = new.get("status").cloned();
+        new = old.clone();
+        let root = new.as_object_mut().expect("stored objects are objects");
+        match status {
+            Some(s) => root.insert("status".into(), s),
+            None => root.remove("status"),
+        };
+    } else if def.status {
+        let root = new.as_object_mut().expect("checked object");
+        match old.get("status") {
+            Some(s) => root.insert("status".into(), s.clone()),
+            None => root.remove("status"),
+        };
+    }
+    new["apiVersion"] = old["apiVersion"].clone();
+    new["kind"] = old["kind"].clone();
+    {
+        let old_meta = meta::meta(old).cloned().unwrap_or_default();
+        let m = meta_mut(&mut new);
+        for protected in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "resourceVersion",
+        ] {
+            match old_meta.get(protected) {
+                Some(v) => m.insert(protected.into(), v.clone()),
+                None => m.remove(protected),
+            };
+        }
+    }
+    let being_deleted = meta_str(old, "deletionTimestamp").is_some();
+    if being_deleted {
+        let before = meta::finalizers(old);
+        let added: Vec<String> = meta::finalizers(&new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
+        if !added.is_empty() {
+            return Err(ApiError::Invalid {
+                subject: Box::new(Subject::kind(def, &name)),
+                field: "metadata.finalizers".into(),
+                detail: format!(
+                    "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                ),
+            });
+        }
+    }
+    builtin::normalize(&ResKey::of(def), &mut new);
+    Ok(new)
+}
+
 /// The `metadata.resourceVersion` a write carries; empty counts as none (the
 /// real server parses "" as 0, "unset").
 fn body_resource_version(obj: &Value) -> Option<&str> {
@@ -697,14 +776,6 @@ fn lookup<'a>(
         .get(&ResKey::of(def))
         .and_then(|m| m.get(&key))
         .ok_or_else(|| ApiError::NotFound(Subject::resource(def, name)))
-}
-
-/// Objects are stored once; each read reports the version it was asked through (no conversion).
-pub fn with_version(def: &ResourceDef, version: &str, mut obj: Value) -> Value {
-    if obj.is_object() {
-        obj["apiVersion"] = json!(def.api_version(version));
-    }
-    obj
 }
 
 /// What `metadata.generation` tracks: everything but metadata (and status, when it is a subresource).

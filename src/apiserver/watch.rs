@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::resource::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, ResKey, Store, StoredEvent, WatchStart, with_version};
+use super::store::{EventType, ResKey, Store, StoredEvent, WatchStart};
 
 /// What one watch request asked for.
 pub struct WatchRequest {
@@ -87,8 +87,16 @@ async fn run(
         }
         Ok(WatchStart::From(rv)) => rv,
         Ok(WatchStart::Snapshot { objects, rv }) => {
-            for obj in objects.into_iter().filter(|o| matches(&req, o)) {
-                if !send(&tx, event("ADDED", shown(&req, obj))).await {
+            for stored in objects {
+                let obj = match shown_if(&ctx.store, &req, &stored, |o| matches(&req, o)) {
+                    Ok(Some(obj)) => obj,
+                    Ok(None) => continue,
+                    Err(err) => {
+                        let _ = send(&tx, error_event(&err)).await;
+                        return;
+                    }
+                };
+                if !send(&tx, event("ADDED", presented(&req, obj))).await {
                     return;
                 }
             }
@@ -113,9 +121,17 @@ async fn run(
             }
             Ok((events, newest)) => {
                 for ev in events.iter().filter(|e| e.res == res) {
-                    if let Some(line) = translate(&req, ev)
-                        && !send(&tx, line).await
-                    {
+                    let line = match translate(&ctx.store, &req, ev) {
+                        Ok(Some(line)) => line,
+                        Ok(None) => continue,
+                        // The real watch ends with an ERROR when an object
+                        // cannot be decoded into its version; clients re-list.
+                        Err(err) => {
+                            let _ = send(&tx, error_event(&err)).await;
+                            return;
+                        }
+                    };
+                    if !send(&tx, line).await {
                         return;
                     }
                 }
@@ -151,25 +167,59 @@ fn matches(req: &WatchRequest, obj: &Value) -> bool {
 
 /// The event a watcher with these selectors sees for a stored event, as the real server:
 /// an object that starts matching arrives as ADDED, one that stops matching as DELETED.
-fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Value> {
-    let now = matches(req, &ev.object);
+/// Selectors see the objects in the watch's version.
+fn translate(
+    store: &Store,
+    req: &WatchRequest,
+    ev: &StoredEvent,
+) -> Result<Option<Value>, ApiError> {
+    let before = match &ev.prev {
+        Some(prev) => shown_if(store, req, prev, |o| matches(req, o))?.is_some(),
+        None => false,
+    };
+    // One that matched is sent whatever it is now (it may go as DELETED).
+    let object = if before {
+        shown_if(store, req, &ev.object, |_| true)?
+    } else {
+        shown_if(store, req, &ev.object, |o| matches(req, o))?
+    };
+    let Some(object) = object else {
+        return Ok(None);
+    };
+    let now = !before || matches(req, &object);
     let kind = match ev.kind {
         EventType::Added => now.then_some("ADDED"),
-        EventType::Deleted => {
-            let before = ev.prev.as_ref().is_some_and(|p| matches(req, p));
-            (now || before).then_some("DELETED")
-        }
-        EventType::Modified => {
-            let before = ev.prev.as_ref().is_some_and(|p| matches(req, p));
-            match (before, now) {
-                (true, true) => Some("MODIFIED"),
-                (false, true) => Some("ADDED"),
-                (true, false) => Some("DELETED"),
-                (false, false) => None,
-            }
-        }
-    }?;
-    Some(event(kind, shown(req, ev.object.clone())))
+        EventType::Deleted => (now || before).then_some("DELETED"),
+        EventType::Modified => match (before, now) {
+            (true, true) => Some("MODIFIED"),
+            (false, true) => Some("ADDED"),
+            (true, false) => Some("DELETED"),
+            (false, false) => None,
+        },
+    };
+    Ok(kind.map(|kind| event(kind, presented(req, object))))
+}
+
+/// A stored object in the watch's version if `keep` accepts it there (see
+/// `Store::shown_if`); one outside the watch's namespace is never converted
+/// (nothing of it is sent).
+fn shown_if(
+    store: &Store,
+    req: &WatchRequest,
+    stored: &Value,
+    keep: impl Fn(&Value) -> bool,
+) -> Result<Option<Value>, ApiError> {
+    let namespace = stored
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    if req
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| Some(ns) != namespace)
+    {
+        return Ok(None);
+    }
+    store.shown_if(&req.def, &req.version, stored, keep)
 }
 
 /// The `meta.k8s.io/v1` PartialObjectMetadata view of an object.
@@ -181,9 +231,9 @@ pub fn partial_object(obj: &Value) -> Value {
     })
 }
 
-/// The object as this watch shows it: in the requested version, or only its metadata.
-fn shown(req: &WatchRequest, obj: Value) -> Value {
-    let obj = with_version(&req.def, &req.version, obj);
+/// The object (already in the watch's version) as this watch shows it: whole, or
+/// only its metadata.
+fn presented(req: &WatchRequest, obj: Value) -> Value {
     if req.metadata_only {
         partial_object(&obj)
     } else {

@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod infra_sim;
 pub mod k3s_agent;
 pub mod k3s_supervisor;
+pub mod our_crds;
 pub mod pki;
 pub mod rollout;
 pub mod sandbox;

@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::conditions::V1Beta1Condition;
+use crate::api::conversion::KnownApiVersions;
 use crate::api::machine::{
     Bootstrap, MachineAddress, MachineNodeReference, MachineSpec, MachineStatus,
 };
@@ -33,7 +34,7 @@ use crate::api::names::{
 };
 use crate::api::refs::ContractVersionedObjectReference;
 use crate::api::{Cluster, KThreesControlPlane, Machine, crds};
-use crate::apiserver::{ResourceDef, Scope, TestApiServer};
+use crate::apiserver::{ResourceDef, Scope, TestApiServer, TestApiServerBuilder};
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
@@ -41,6 +42,7 @@ use crate::etcd::Timeouts;
 
 use super::capi_sim::MachineDeletionSim;
 use super::etcd::EtcdTestCluster;
+use super::our_crds::with_our_crds;
 
 pub const NAMESPACE: &str = "default";
 pub const CLUSTER: &str = "demo";
@@ -85,26 +87,46 @@ pub async fn management_server() -> Result<TestApiServer, SandboxError> {
 /// As [`management_server`], with the builder adjusted first (e.g. RBAC
 /// enforcement and a service account's token).
 pub async fn management_server_with(
-    configure: impl FnOnce(
-        crate::apiserver::TestApiServerBuilder,
-    ) -> crate::apiserver::TestApiServerBuilder,
+    configure: impl FnOnce(TestApiServerBuilder) -> TestApiServerBuilder,
 ) -> Result<TestApiServer, SandboxError> {
-    let mut builder = configure(TestApiServer::builder().with_core_resources());
-    for crd in crds::ours().iter().chain(crds::test_support_crds().iter()) {
-        builder = builder.resource(ResourceDef::from_crd(crd));
+    let server = configure(management_builder())
+        .start()
+        .await
+        .map_err(|e| SandboxError(format!("management API server: {e}")))?;
+    install_crd_objects(&server.client()).await?;
+    Ok(server)
+}
+
+/// Every kind the controller uses, as a management cluster serves them: the
+/// core kinds, our CRDs with our conversion ([`with_our_crds`]), CAPI's and
+/// the bootstrap provider's, the infrastructure kinds and the
+/// CustomResourceDefinitions (their objects: [`install_crd_objects`]). Every
+/// test server standing in for a management cluster starts from this.
+pub fn management_builder() -> TestApiServerBuilder {
+    let mut builder = with_our_crds(
+        TestApiServer::builder().with_core_resources(),
+        infrastructure_api_versions(),
+    );
+    for crd in crds::test_support_crds() {
+        builder = builder.resource(ResourceDef::from_crd(&crd));
     }
-    let server = builder
+    builder
         .resource(ResourceDef::new(
             docker_machine_template(),
             Scope::Namespaced,
         ))
         .resource(ResourceDef::new(docker_machine(), Scope::Namespaced).with_status())
         .resource(ResourceDef::of::<CustomResourceDefinition>())
-        .start()
-        .await
-        .map_err(|e| SandboxError(format!("management API server: {e}")))?;
-    install_crd_objects(&server.client()).await?;
-    Ok(server)
+}
+
+/// The API version of each infrastructure kind the sandbox serves, as our
+/// conversion webhook would read it from the contract labels of its CRD
+/// ([`infrastructure_crd`]).
+fn infrastructure_api_versions() -> KnownApiVersions {
+    [docker_machine_template(), docker_machine()]
+        .into_iter()
+        .map(|r| ((r.group, r.kind), r.api_version))
+        .collect()
 }
 
 /// The CustomResourceDefinition objects of every kind the sandbox serves, as

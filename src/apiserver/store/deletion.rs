@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{
     DeleteOptions, EventType, FOREGROUND, NAMESPACES, ObjKey, Propagation, ResKey, State, Store,
-    lookup, namespace_has_content, ns_key, obj_key, with_version,
+    lookup, namespace_has_content, ns_key, obj_key,
 };
 use crate::apiserver::error::{ApiError, Subject};
 use crate::apiserver::meta::{self, meta_mut, meta_str};
@@ -47,8 +47,12 @@ impl Store {
                 ),
             ));
         }
+        // The real server reads the object in the request's version first: one
+        // it cannot convert is not deleted.
+        self.shown(def, version, obj.clone())?;
         let out = self.delete_object(&mut st, &ResKey::of(def), &obj_key(&obj), opts.propagation);
-        Ok(with_version(def, version, out))
+        drop(st);
+        self.shown(def, version, out)
     }
 
     /// Delete every object of a collection that matches the selectors; returns the affected objects.
@@ -63,23 +67,34 @@ impl Store {
     ) -> Result<(Vec<Value>, u64), ApiError> {
         let mut st = self.lock();
         let res = ResKey::of(def);
-        let keys: Vec<ObjKey> = st
+        // Selected as a list in the request's version selects them (see `list`);
+        // nothing is deleted when one of them cannot be converted.
+        let mut keys: Vec<ObjKey> = Vec::new();
+        for (key, stored) in st
             .objects
             .get(&res)
-            .map(|m| {
-                m.iter()
-                    .filter(|(k, v)| {
-                        ns.is_none_or(|n| k.0 == n) && labels.matches(v) && fields.matches(v)
-                    })
-                    .map(|(k, _)| k.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let items = keys
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| ns.is_none_or(|n| k.0 == n))
+        {
+            let selected = self.shown_if(def, version, stored, |o| {
+                labels.matches(o) && fields.matches(o)
+            })?;
+            if selected.is_some() {
+                keys.push(key.clone());
+            }
+        }
+        let deleted: Vec<Value> = keys
             .iter()
-            .map(|k| with_version(def, version, self.delete_object(&mut st, &res, k, policy)))
+            .map(|k| self.delete_object(&mut st, &res, k, policy))
             .collect();
-        Ok((items, st.rv))
+        let rv = st.rv;
+        drop(st);
+        let items = deleted
+            .into_iter()
+            .map(|obj| self.shown(def, version, obj))
+            .collect::<Result<_, _>>()?;
+        Ok((items, rv))
     }
 
     /// Finalizer-aware deletion of one stored object: mark it (if it has finalizers, or

@@ -23,7 +23,7 @@ fn store(limit: usize) -> (Store, ResourceDef) {
     let def = widgets();
     let mut registry = Registry::default();
     registry.add(def.clone());
-    (Store::new(registry, limit), def)
+    (Store::new(registry, Converters::default(), limit), def)
 }
 
 fn widget(name: &str) -> Value {
