@@ -17,10 +17,7 @@ fn committed(file: &str) -> String {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| serde::Deserialize::deserialize(d).expect("every document is YAML"))
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    k3s_control_plane::yaml::documents(text).expect("every document is YAML")
 }
 
 fn with_defaults(options: &Options) -> Vec<Value> {
@@ -47,7 +44,7 @@ fn committed_artifacts_are_what_the_code_renders() {
 
 #[test]
 fn metadata_maps_this_release_series_to_the_v1beta2_contract() {
-    let metadata: Value = serde_yaml::from_str(&committed(METADATA_FILE)).unwrap();
+    let metadata: Value = k3s_control_plane::yaml::from_str(&committed(METADATA_FILE)).unwrap();
     assert_eq!(
         metadata["apiVersion"],
         "clusterctl.cluster.x-k8s.io/v1alpha3"

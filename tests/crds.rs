@@ -42,15 +42,10 @@ fn crds_directory_is_current() {
 #[test]
 fn printed_yaml_is_one_document_per_crd() {
     let text = crds::ours_yaml();
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let docs: Vec<Value> = k3s_control_plane::yaml::documents(&text).unwrap();
     assert_eq!(docs.len(), 2);
     for d in docs {
-        assert_eq!(
-            d["kind"],
-            serde_yaml::Value::from("CustomResourceDefinition")
-        );
+        assert_eq!(d["kind"], "CustomResourceDefinition");
     }
 }
 

@@ -21,7 +21,7 @@ fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name);
-    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    k3s_control_plane::yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 /// A webhook on 127.0.0.1 with a certificate from a new CA; the CA's PEM.

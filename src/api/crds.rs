@@ -119,7 +119,7 @@ fn with_contract_labels(mut crd: CustomResourceDefinition) -> CustomResourceDefi
 
 /// One CRD as a YAML document (no leading `---`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
-    serde_yaml::to_string(crd).expect("a CRD always serializes to YAML")
+    crate::yaml::to_string(crd).expect("a CRD always serializes to YAML")
 }
 
 /// All of our CRDs as one multi-document YAML stream.
