@@ -42,6 +42,24 @@ fn committed_artifacts_are_what_the_code_renders() {
     );
 }
 
+/// What we ship reads back as the objects rendered (a YAML reader could take
+/// an unquoted string for a number or a boolean).
+#[test]
+fn committed_components_read_back_as_the_objects_rendered() {
+    assert!(
+        documents(&committed(COMPONENTS_FILE)) == components::objects(&Options::default()),
+        "{COMMITTED_DIR}/{COMPONENTS_FILE} reads back as other objects: run `{REGENERATE_COMMAND}`"
+    );
+    let metadata: Value = k3s_control_plane::yaml::from_str(&committed(METADATA_FILE)).unwrap();
+    let series: Vec<Value> = components::metadata::RELEASE_SERIES
+        .iter()
+        .map(|(major, minor, contract)| {
+            serde_json::json!({"major": major, "minor": minor, "contract": contract})
+        })
+        .collect();
+    assert_eq!(metadata["releaseSeries"], Value::Array(series));
+}
+
 #[test]
 fn metadata_maps_this_release_series_to_the_v1beta2_contract() {
     let metadata: Value = k3s_control_plane::yaml::from_str(&committed(METADATA_FILE)).unwrap();
