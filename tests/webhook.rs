@@ -47,8 +47,8 @@ async fn webhook(dir: &Path) -> (SocketAddr, String, CancellationToken) {
 /// POST `body` to `https://addr/convert`, verifying the server against `ca`.
 async fn post(addr: SocketAddr, ca: &str, body: &[u8]) -> (u16, Value) {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
+    for cert in k3s_control_plane::pki::pem::certificates(ca.as_bytes()).unwrap() {
+        roots.add(cert).unwrap();
     }
     let config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
