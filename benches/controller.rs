@@ -321,7 +321,7 @@ async fn add_cluster(management: &kube::Client, i: usize) -> TestApiServer {
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": format!("{cluster}-kubeconfig"), "labels": {CLUSTER_NAME_LABEL: cluster}},
         "type": "cluster.x-k8s.io/secret",
-        "stringData": {"value": serde_yaml::to_string(&workload.kubeconfig()).expect("kubeconfig")}
+        "stringData": {"value": k3s_control_plane::yaml::to_string(&workload.kubeconfig()).expect("kubeconfig")}
     }))
     .expect("Secret");
     secrets

@@ -255,7 +255,8 @@ async fn add_cluster(
     }
 
     let secrets: Api<Secret> = Api::namespaced(management.clone(), NAMESPACE);
-    let kubeconfig = serde_yaml::to_string(&workload.kubeconfig()).expect("kubeconfig");
+    let kubeconfig =
+        k3s_control_plane::yaml::to_string(&workload.kubeconfig()).expect("kubeconfig");
     let pair = |(cert, key): &(String, String)| json!({"tls.crt": cert, "tls.key": key});
     for (suffix, data) in [
         ("kubeconfig", json!({"value": kubeconfig})),

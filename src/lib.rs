@@ -15,6 +15,7 @@
 //! - [`rollout`]: pure rollout rules (which Machines are outdated and why, the next rollout step).
 //! - [`components`]: the clusterctl provider artifacts (components YAML, metadata), generated.
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
+//! - [`yaml`]: YAML in and out with one set of options (any module may use it).
 //! - `apiserver`: an in-process Kubernetes API server for tests and the demo.
 //! - `harness`: local real-etcd clusters with a k3s-like PKI (tests and demo).
 //!
@@ -40,6 +41,7 @@ pub mod rollout;
 pub mod space;
 pub mod webhook;
 pub mod workload;
+pub mod yaml;
 
 /// Install ring as the process-wide rustls provider. Every TLS user in this
 /// binary (kube, etcd-client, our own config) must agree on one provider, and

@@ -15,7 +15,7 @@ use serde_json::Value;
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    k3s_control_plane::yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// A control-plane fixture in cluster-api-k3s's v1beta2, as the API server

@@ -77,8 +77,8 @@ async fn start(tls: ServerTls) -> TestApiServer {
 /// A client built from a kubeconfig, as the controller builds one from the
 /// `<cluster>-kubeconfig` Secret (serialized and parsed back first).
 fn client_from(kubeconfig: &Kubeconfig) -> kube::Client {
-    let yaml = serde_yaml::to_string(kubeconfig).unwrap();
-    let parsed: Kubeconfig = serde_yaml::from_str(&yaml).unwrap();
+    let yaml = k3s_control_plane::yaml::to_string(kubeconfig).unwrap();
+    let parsed: Kubeconfig = k3s_control_plane::yaml::from_str(&yaml).unwrap();
     kube::Client::try_from(kube::Config::try_from(parsed).unwrap()).unwrap()
 }
 

@@ -407,7 +407,7 @@ async fn demo_against_a_management_cluster_runs_the_controller_until_interrupted
     let kubeconfig = dir.path().join("management.yaml");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
     )
     .unwrap();
     let mut child = tokio::process::Command::new(BIN)

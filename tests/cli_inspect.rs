@@ -78,7 +78,7 @@ async fn inspect_shows_membership_quorum_and_next_action_and_changes_nothing() {
     let kubeconfig = dir.path().join("management.yaml");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
     )
     .unwrap();
     let kubeconfig = kubeconfig.to_str().unwrap().to_string();
@@ -286,7 +286,7 @@ async fn add_lost_control_plane(sandbox: &Sandbox) -> k3s_control_plane::apiserv
         k3s_control_plane::pki::generate_ca("lost-etcd-ca", Duration::from_secs(86400)).unwrap();
     let ca = k3s_control_plane::pki::generate_ca("lost-ca", Duration::from_secs(86400)).unwrap();
     let cca = k3s_control_plane::pki::generate_ca("lost-cca", Duration::from_secs(86400)).unwrap();
-    let kubeconfig = serde_yaml::to_string(&workload.kubeconfig()).unwrap();
+    let kubeconfig = k3s_control_plane::yaml::to_string(&workload.kubeconfig()).unwrap();
     let token = k3s_control_plane::pki::generate_token();
     for (name, data) in [
         ("lost-kubeconfig", json!({"value": kubeconfig})),
@@ -342,7 +342,7 @@ async fn inspect_namespace_lists_every_control_plane_one_line_each() {
     let kubeconfig = dir.path().join("management.yaml");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
     )
     .unwrap();
     let kubeconfig = kubeconfig.to_str().unwrap().to_string();
@@ -491,7 +491,7 @@ async fn the_controller_writes_status_etcd_and_its_gauges_as_inspect_sees_them()
     let kubeconfig = dir.path().join("management.yaml");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
     )
     .unwrap();
     let kubeconfig = kubeconfig.to_str().unwrap().to_string();

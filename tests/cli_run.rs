@@ -30,7 +30,7 @@ fn start(server: &TestApiServer, dir: &tempfile::TempDir) -> (Controller, String
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&server.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&server.kubeconfig()).unwrap(),
     )
     .unwrap();
     let probes = format!("127.0.0.1:{}", free_port());

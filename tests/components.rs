@@ -17,10 +17,7 @@ fn committed(file: &str) -> String {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| serde::Deserialize::deserialize(d).expect("every document is YAML"))
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    k3s_control_plane::yaml::documents(text).expect("every document is YAML")
 }
 
 fn with_defaults(options: &Options) -> Vec<Value> {
@@ -45,9 +42,27 @@ fn committed_artifacts_are_what_the_code_renders() {
     );
 }
 
+/// What we ship reads back as the objects rendered (a YAML reader could take
+/// an unquoted string for a number or a boolean).
+#[test]
+fn committed_components_read_back_as_the_objects_rendered() {
+    assert!(
+        documents(&committed(COMPONENTS_FILE)) == components::objects(&Options::default()),
+        "{COMMITTED_DIR}/{COMPONENTS_FILE} reads back as other objects: run `{REGENERATE_COMMAND}`"
+    );
+    let metadata: Value = k3s_control_plane::yaml::from_str(&committed(METADATA_FILE)).unwrap();
+    let series: Vec<Value> = components::metadata::RELEASE_SERIES
+        .iter()
+        .map(|(major, minor, contract)| {
+            serde_json::json!({"major": major, "minor": minor, "contract": contract})
+        })
+        .collect();
+    assert_eq!(metadata["releaseSeries"], Value::Array(series));
+}
+
 #[test]
 fn metadata_maps_this_release_series_to_the_v1beta2_contract() {
-    let metadata: Value = serde_yaml::from_str(&committed(METADATA_FILE)).unwrap();
+    let metadata: Value = k3s_control_plane::yaml::from_str(&committed(METADATA_FILE)).unwrap();
     assert_eq!(
         metadata["apiVersion"],
         "clusterctl.cluster.x-k8s.io/v1alpha3"

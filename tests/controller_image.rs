@@ -241,7 +241,7 @@ async fn the_image_runs_the_controller_non_root_on_a_read_only_root() {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&server.kubeconfig()).unwrap(),
+        k3s_control_plane::yaml::to_string(&server.kubeconfig()).unwrap(),
     )
     .unwrap();
     // Readable by the image's user (65532), which does not own it.

@@ -42,14 +42,32 @@ fn crds_directory_is_current() {
 #[test]
 fn printed_yaml_is_one_document_per_crd() {
     let text = crds::ours_yaml();
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+    let docs: Vec<Value> = k3s_control_plane::yaml::documents(&text).unwrap();
+    let objects: Vec<Value> = crds::ours()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
         .collect();
+    assert_eq!(docs, objects);
     assert_eq!(docs.len(), 2);
     for d in docs {
-        assert_eq!(
-            d["kind"],
-            serde_yaml::Value::from("CustomResourceDefinition")
+        assert_eq!(d["kind"], "CustomResourceDefinition");
+    }
+}
+
+/// What we ship reads back as the objects we generate (a YAML reader could
+/// take an unquoted string for a number or a boolean).
+#[test]
+fn committed_crds_read_back_as_the_generated_objects() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    for crd in crds::ours() {
+        let path = dir.join(crds::file_name(&crd));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let read: Value = k3s_control_plane::yaml::from_str(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            read == serde_json::to_value(&crd).unwrap(),
+            "{} reads back as another object; regenerate with `{REGENERATE_COMMAND}`",
+            path.display()
         );
     }
 }

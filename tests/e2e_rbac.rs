@@ -49,9 +49,10 @@ fn rbac_objects() -> Vec<Value> {
 
 fn rbac_objects_for(options: &Options) -> Vec<Value> {
     let text = components::render_substituted(options, &BTreeMap::new()).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .filter(|o: &Value| {
+    k3s_control_plane::yaml::documents::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|o| {
             ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
                 .contains(&o["kind"].as_str().unwrap_or(""))
         })

@@ -338,7 +338,7 @@ async fn person_deletes_the_leaders_machine(
         .expect("the workload API server's address");
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let kubeconfig = serde_yaml::to_string(&workload.kubeconfig()).unwrap();
+    let kubeconfig = k3s_control_plane::yaml::to_string(&workload.kubeconfig()).unwrap();
     secrets
         .create(
             &PostParams::default(),

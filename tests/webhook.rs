@@ -28,7 +28,7 @@ fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name);
-    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    k3s_control_plane::yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 /// A webhook on 127.0.0.1 with a certificate from a new CA; the CA's PEM.
@@ -54,8 +54,8 @@ async fn webhook(dir: &Path) -> (SocketAddr, String, CancellationToken) {
 /// POST `body` to `https://addr/convert`, verifying the server against `ca`.
 async fn post(addr: SocketAddr, ca: &str, body: &[u8]) -> (u16, Value) {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
+    for cert in k3s_control_plane::pki::pem::certificates(ca.as_bytes()).unwrap() {
+        roots.add(cert).unwrap();
     }
     let config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)

@@ -192,7 +192,7 @@ impl ControllerProcess {
         let path = dir.path().join("kubeconfig");
         std::fs::write(
             &path,
-            serde_yaml::to_string(kubeconfig).expect("kubeconfig yaml"),
+            k3s_control_plane::yaml::to_string(kubeconfig).expect("kubeconfig yaml"),
         )
         .expect("write kubeconfig");
         // A free port, so the probes can be found (the binary only logs the one it got).

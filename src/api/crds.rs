@@ -180,7 +180,7 @@ fn with_bootstrap_contract_label(mut crd: CustomResourceDefinition) -> CustomRes
 
 /// One CRD as a YAML document (no leading `---`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
-    serde_yaml::to_string(crd).expect("a CRD always serializes to YAML")
+    crate::yaml::to_string(crd).expect("a CRD always serializes to YAML")
 }
 
 /// All of our CRDs as one multi-document YAML stream.

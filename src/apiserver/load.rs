@@ -2,7 +2,6 @@
 //! the store, e.g. the controller's shipped RBAC, so a test can then judge a token
 //! user's requests by exactly those objects.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::Error;
@@ -12,15 +11,15 @@ use super::store::Store;
 /// in order (so a Namespace comes before what lives in it); a namespaced object
 /// without `metadata.namespace` goes to `default`. Returns `Kind/name` of the
 /// documents skipped because their kind is not served (a ServiceAccount, a
-/// Deployment). Empty documents are ignored.
+/// Deployment). Empty documents are ignored (and not counted in the document
+/// index an error names); a stream that is not YAML creates nothing.
 pub fn create_from_yaml(store: &Store, yaml: &str) -> Result<Vec<String>, Error> {
+    let documents: Vec<Value> = crate::yaml::documents(yaml).map_err(|e| Error::LoadYaml {
+        reason: e.to_string(),
+    })?;
     let mut skipped = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
+    for (index, obj) in documents.into_iter().enumerate() {
         let failed = |reason: String| Error::Load { index, reason };
-        let obj = Value::deserialize(document).map_err(|e| failed(e.to_string()))?;
-        if obj.is_null() {
-            continue;
-        }
         let field = |name: &str| obj.get(name).and_then(Value::as_str).unwrap_or_default();
         let (api_version, kind) = (field("apiVersion"), field("kind"));
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));

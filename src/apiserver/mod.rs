@@ -65,6 +65,8 @@ pub enum Error {
     },
     #[error("loading manifests into the test API server, document {index}: {reason}")]
     Load { index: usize, reason: String },
+    #[error("loading manifests into the test API server: not YAML: {reason}")]
+    LoadYaml { reason: String },
     #[error("building a kube client for the test API server at {url}: {source}")]
     Client {
         url: String,
@@ -660,8 +662,8 @@ mod tests {
             .start()
             .await
             .unwrap();
-        let yaml = serde_yaml::to_string(&server.kubeconfig()).unwrap();
-        let kubeconfig: Kubeconfig = serde_yaml::from_str(&yaml).unwrap();
+        let yaml = crate::yaml::to_string(&server.kubeconfig()).unwrap();
+        let kubeconfig: Kubeconfig = crate::yaml::from_str(&yaml).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .unwrap();

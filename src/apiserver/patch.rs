@@ -39,7 +39,7 @@ impl PatchKind {
     /// Parse the request body for this kind (apply bodies are YAML, a superset of JSON).
     pub fn parse_body(self, body: &[u8]) -> Result<Value, ApiError> {
         let parsed = match self {
-            Self::Apply => serde_yaml::from_slice::<Value>(body).map_err(|e| e.to_string()),
+            Self::Apply => crate::yaml::from_slice::<Value>(body).map_err(|e| e.to_string()),
             _ => serde_json::from_slice::<Value>(body).map_err(|e| e.to_string()),
         };
         parsed.map_err(|e| ApiError::BadRequest(format!("error decoding patch: {e}")))

@@ -479,7 +479,7 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
         .to_ascii_lowercase();
     match content_type.as_str() {
         "" | "application/json" | "*/*" => parse_json(body),
-        "application/yaml" => serde_yaml::from_slice(body)
+        "application/yaml" => crate::yaml::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}"))),
         _ => Err(ApiError::UnsupportedMediaType(
             "application/json, application/yaml".into(),

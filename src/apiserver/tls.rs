@@ -80,9 +80,7 @@ fn tls_error(what: &'static str, reason: impl std::fmt::Display) -> Error {
 }
 
 fn certificates(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let certs = rustls_pemfile::certs(&mut pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls_error(what, e))?;
+    let certs = crate::pki::pem::certificates(pem.as_bytes()).map_err(|e| tls_error(what, e))?;
     if certs.is_empty() {
         return Err(tls_error(what, "no CERTIFICATE block in the PEM"));
     }
@@ -90,7 +88,7 @@ fn certificates(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<'sta
 }
 
 fn private_key(pem: &str, what: &'static str) -> Result<PrivateKeyDer<'static>, Error> {
-    rustls_pemfile::private_key(&mut pem.as_bytes())
+    crate::pki::pem::private_key(pem.as_bytes())
         .map_err(|e| tls_error(what, e))?
         .ok_or_else(|| tls_error(what, "no private key block in the PEM"))
 }

@@ -172,7 +172,7 @@ pub fn render(options: &Options) -> String {
     for object in objects(options) {
         out.push_str("---\n");
         out.push_str(
-            &serde_yaml::to_string(&object).expect("JSON values always serialize to YAML"),
+            &crate::yaml::to_string(&object).expect("JSON values always serialize to YAML"),
         );
     }
     out

@@ -72,12 +72,10 @@ pub fn read_pem_file(field: &str, path: &std::path::Path) -> Result<Vec<u8>, Tls
 }
 
 fn parse_certs(field: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..])
-        .collect::<Result<_, _>>()
-        .map_err(|e| TlsError::BadCertificate {
-            field: field.to_string(),
-            reason: e.to_string(),
-        })?;
+    let certs = crate::pki::pem::certificates(pem).map_err(|e| TlsError::BadCertificate {
+        field: field.to_string(),
+        reason: e.to_string(),
+    })?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             field: field.to_string(),
@@ -93,12 +91,12 @@ fn parse_certs(field: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, 
 }
 
 fn parse_key(field: &str, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
-    match rustls_pemfile::private_key(&mut &pem[..]) {
+    match crate::pki::pem::private_key(pem) {
         Ok(Some(key)) => Ok(key),
         Ok(None) => Err(TlsError::NoKey {
             field: field.to_string(),
         }),
-        // The pemfile error names only the PEM section, never key bytes.
+        // The PEM error never quotes the text.
         Err(e) => Err(TlsError::BadKey {
             field: field.to_string(),
             reason: e.to_string(),

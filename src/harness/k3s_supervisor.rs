@@ -61,9 +61,10 @@ impl SupervisorPort {
     /// Listen on `ip:port` with `cert`.
     pub async fn serve(ip: Ipv4Addr, port: u16, cert: &CertPair) -> std::io::Result<Self> {
         let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-        let chain: Vec<_> =
-            rustls_pemfile::certs(&mut cert.cert_pem.as_bytes()).collect::<Result<_, _>>()?;
-        let key = rustls_pemfile::private_key(&mut cert.key_pem.as_bytes())?
+        let chain = crate::pki::pem::certificates(cert.cert_pem.as_bytes())
+            .map_err(|e| invalid(e.to_string()))?;
+        let key = crate::pki::pem::private_key(cert.key_pem.as_bytes())
+            .map_err(|e| invalid(e.to_string()))?
             .ok_or_else(|| invalid("no key".into()))?;
         let not_after = crate::pki::not_after(&cert.cert_pem, "supervisor certificate")
             .map_err(|e| invalid(e.to_string()))?;

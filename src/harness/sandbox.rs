@@ -386,7 +386,7 @@ impl Sandbox {
     async fn populate(&mut self, members: usize) -> Result<(), SandboxError> {
         let client = self.client();
         let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-        let kubeconfig = serde_yaml::to_string(&self.workload.kubeconfig())
+        let kubeconfig = crate::yaml::to_string(&self.workload.kubeconfig())
             .map_err(|e| SandboxError(format!("workload kubeconfig: {e}")))?;
         let secret = |name: String, data: BTreeMap<String, String>| Secret {
             metadata: ObjectMeta {

@@ -153,15 +153,15 @@ pub(crate) fn first_certificate(
     pem: &str,
     field: &str,
 ) -> Result<CertificateDer<'static>, PkiError> {
-    match rustls_pemfile::certs(&mut pem.as_bytes()).next() {
-        None => Err(PkiError::NoCertificate {
+    match super::pem::first_certificate(pem.as_bytes()) {
+        Ok(None) => Err(PkiError::NoCertificate {
             field: field.to_string(),
         }),
-        Some(Err(e)) => Err(PkiError::BadCertificate {
+        Err(e) => Err(PkiError::BadCertificate {
             field: field.to_string(),
             reason: e.to_string(),
         }),
-        Some(Ok(der)) => {
+        Ok(Some(der)) => {
             parse_certificate(&der, field)?;
             Ok(der)
         }
@@ -259,14 +259,14 @@ impl LoadedCa {
                 });
             }
         }
-        let key = match rustls_pemfile::private_key(&mut pair.key_pem.as_bytes()) {
+        let key = match super::pem::private_key(pair.key_pem.as_bytes()) {
             Ok(Some(key)) => key,
             Ok(None) => {
                 return Err(PkiError::NoKey {
                     field: key_field.to_string(),
                 });
             }
-            // The pemfile error names the PEM section, never its bytes.
+            // The PEM error never quotes the text.
             Err(e) => {
                 return Err(PkiError::BadKey {
                     field: key_field.to_string(),
@@ -448,7 +448,15 @@ pub(crate) mod tests {
         // A PKCS#8 section whose content is not a key (the CA certificate's DER).
         let not_a_key = ca.cert_pem.replace("CERTIFICATE", "PRIVATE KEY");
         let bad_base64_cert = "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n";
-        let cases: [(&str, &str, &str, &str); 7] = [
+        // Pasted without its line breaks, the key is all one BEGIN line.
+        let one_line_key = ca.key_pem.replace('\n', "");
+        let truncated_key: String = ca
+            .key_pem
+            .lines()
+            .take(4)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let cases: [(&str, &str, &str, &str); 9] = [
             (
                 "empty certificate",
                 "",
@@ -489,6 +497,18 @@ pub(crate) mod tests {
                 "key section that is not a key",
                 &ca.cert_pem,
                 &not_a_key,
+                "default/demo-ca[tls.key]: unsupported or malformed private key",
+            ),
+            (
+                "key without its line breaks",
+                &ca.cert_pem,
+                &one_line_key,
+                "default/demo-ca[tls.key]: unsupported or malformed private key",
+            ),
+            (
+                "key without its END line",
+                &ca.cert_pem,
+                &truncated_key,
                 "default/demo-ca[tls.key]: unsupported or malformed private key",
             ),
         ];

@@ -121,7 +121,7 @@ pub fn admin_kubeconfig(
             },
         }],
     };
-    serde_yaml::to_string(&config).map_err(|e| PkiError::Sign {
+    crate::yaml::to_string(&config).map_err(|e| PkiError::Sign {
         field: format!("kubeconfig of {cluster}"),
         reason: format!("cannot serialize: {e}"),
     })
@@ -201,14 +201,12 @@ pub fn kubeconfig_server(kubeconfig_yaml: &str, field: &str) -> Result<String, P
 /// Parse without letting YAML error messages through: they may quote values
 /// of the document, and a kubeconfig holds a private key.
 fn parse(text: &str, field: &str) -> Result<Kubeconfig, PkiError> {
-    serde_yaml::from_str::<Kubeconfig>(text).map_err(|e| PkiError::BadKubeconfig {
+    crate::yaml::from_str::<Kubeconfig>(text).map_err(|e| PkiError::BadKubeconfig {
         field: field.to_string(),
-        reason: match e.location() {
-            Some(at) => format!(
-                "invalid YAML or structure at line {} column {}",
-                at.line(),
-                at.column()
-            ),
+        reason: match crate::yaml::error_location(&e) {
+            Some((line, column)) => {
+                format!("invalid YAML or structure at line {line} column {column}")
+            }
             None => "invalid YAML or structure".into(),
         },
     })

@@ -12,6 +12,7 @@
 //!   PKCS#8, SEC1 EC as k3s writes it, PKCS#1 RSA as upstream writes it), issue
 //!   client certificates.
 //! - [`kubeconfig`]: the admin kubeconfig, what is in it, when to rotate it.
+//! - [`pem`]: reading certificates and keys from PEM text.
 //! - [`token`]: the join token.
 //! - [`secret`]: the Secret objects.
 //!
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 pub mod ca;
 pub mod kubeconfig;
+pub mod pem;
 pub mod secret;
 pub(crate) mod signer;
 pub mod token;

@@ -56,13 +56,11 @@ fn load(dir: &Path) -> Result<(Arc<CertifiedKey>, SystemTime), WebhookError> {
     let changed = modified(&cert_path)?.max(modified(&key_path)?);
     let cert_pem = std::fs::read(&cert_path).map_err(|e| cert_error(&cert_path, e))?;
     let key_pem = std::fs::read(&key_path).map_err(|e| cert_error(&key_path, e))?;
-    let chain: Vec<_> = rustls_pemfile::certs(&mut &cert_pem[..])
-        .collect::<Result<_, _>>()
-        .map_err(|e| cert_error(&cert_path, e))?;
+    let chain = crate::pki::pem::certificates(&cert_pem).map_err(|e| cert_error(&cert_path, e))?;
     if chain.is_empty() {
         return Err(cert_error(&cert_path, "no PEM certificate"));
     }
-    let key = rustls_pemfile::private_key(&mut &key_pem[..])
+    let key = crate::pki::pem::private_key(&key_pem)
         .map_err(|e| cert_error(&key_path, e))?
         .ok_or_else(|| cert_error(&key_path, "no PEM private key"))?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key)

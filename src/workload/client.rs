@@ -219,10 +219,9 @@ mod tests {
         // The same server, trusted through another CA: the handshake fails.
         let mut untrusted = config;
         untrusted.root_cert = Some(vec![
-            rustls_pemfile::certs(&mut TestCa::new("other-ca").pair.cert_pem.as_bytes())
-                .next()
-                .expect("a certificate")
+            crate::pki::pem::first_certificate(TestCa::new("other-ca").pair.cert_pem.as_bytes())
                 .expect("PEM")
+                .expect("a certificate")
                 .to_vec(),
         ]);
         let client = workload_client(untrusted).expect("client");

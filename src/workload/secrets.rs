@@ -196,15 +196,12 @@ pub fn etcd_access_from_secret(secret: Option<&Secret>) -> Result<EtcdAccess, Er
 }
 
 fn first_certificate(pem: &str) -> Option<Vec<u8>> {
-    rustls_pemfile::certs(&mut pem.as_bytes())
-        .next()
-        .and_then(Result::ok)
+    crate::pki::pem::first_certificate(pem.as_bytes())
+        .ok()
+        .flatten()
         .map(|c| c.as_ref().to_vec())
 }
 
 fn has_private_key(pem: &str) -> bool {
-    matches!(
-        rustls_pemfile::private_key(&mut pem.as_bytes()),
-        Ok(Some(_))
-    )
+    matches!(crate::pki::pem::private_key(pem.as_bytes()), Ok(Some(_)))
 }

@@ -50,9 +50,8 @@ pub fn client_config(
         reason,
     };
     let mut roots = rustls::RootCertStore::empty();
-    let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut server_ca_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(e.to_string()))?;
+    let certs: Vec<CertificateDer<'static>> =
+        crate::pki::pem::certificates(server_ca_pem.as_bytes()).map_err(|e| bad(e.to_string()))?;
     let (added, _) = roots.add_parsable_certificates(certs);
     if added == 0 {
         return Err(bad("no usable CA certificate".into()));

@@ -630,11 +630,11 @@ async fn rbac_bearer_token_from_a_kubeconfig_travels_over_plain_http() {
     )
     .await;
     let kubeconfig = w.server.kubeconfig_with_token(JANE_TOKEN);
-    let yaml = serde_yaml::to_string(&kubeconfig).unwrap();
+    let yaml = k3s_control_plane::yaml::to_string(&kubeconfig).unwrap();
     assert!(yaml.contains(&format!("token: {JANE_TOKEN}")), "{yaml}");
     assert!(w.server.url().starts_with("http://"));
     let config = kube::Config::from_custom_kubeconfig(
-        serde_yaml::from_str(&yaml).unwrap(),
+        k3s_control_plane::yaml::from_str(&yaml).unwrap(),
         &Default::default(),
     )
     .await
