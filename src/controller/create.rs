@@ -346,7 +346,6 @@ pub async fn create_machine(
             failure_domain: pick_failure_domain(world),
             deletion: super::sync_machines::deletion_timeouts(kcp),
             extra: readiness_gates(kcp),
-            ..MachineSpec::default()
         },
         status: None,
     };
