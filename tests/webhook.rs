@@ -165,6 +165,66 @@ fn upstream_samples_of_both_versions_round_trip_through_every_version() {
     }
 }
 
+/// cluster-api-k3s users' YAML applies unchanged, as `kubectl apply
+/// --server-side` sends it, to a management server storing v1beta3 (the
+/// test API server, converting with our conversion as the real one calls our
+/// webhook): each sample reads back in its own version as written, and is
+/// stored as a v1beta3 object the controller reads.
+#[tokio::test]
+async fn upstream_yaml_of_both_versions_applies_unchanged() {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+    let server = k3s_control_plane::harness::sandbox::management_server()
+        .await
+        .unwrap();
+    for name in [
+        "upstream-kcp-v1beta1.yaml",
+        "upstream-kcp-v1beta2.yaml",
+        "upstream-kcp-template-v1beta2.yaml",
+    ] {
+        let sample = fixture(name);
+        let (group, version) = sample["apiVersion"]
+            .as_str()
+            .unwrap()
+            .split_once('/')
+            .unwrap();
+        let kind = sample["kind"].as_str().unwrap();
+        let api = |version: &str| {
+            Api::<DynamicObject>::namespaced_with(
+                server.client(),
+                sample["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default"),
+                &ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind)),
+            )
+        };
+        let object_name = sample["metadata"]["name"].as_str().unwrap();
+        api(version)
+            .patch(
+                object_name,
+                &PatchParams::apply("kubectl").force(),
+                &Patch::Apply(&sample),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let back = serde_json::to_value(api(version).get(object_name).await.unwrap()).unwrap();
+        assert_eq!(back["spec"], sample["spec"], "{name}: read back as written");
+        let stored = serde_json::to_value(api("v1beta3").get(object_name).await.unwrap()).unwrap();
+        assert_eq!(stored["apiVersion"], V1BETA3, "{name}");
+        if kind == "KThreesControlPlane" {
+            let kcp: k3s_control_plane::api::KThreesControlPlane =
+                serde_json::from_value(stored).unwrap();
+            let infra = kcp
+                .infrastructure_ref()
+                .expect("the infrastructure reference");
+            assert_eq!(infra.api_group, "infrastructure.cluster.x-k8s.io", "{name}");
+            api("v1beta3")
+                .delete(object_name, &Default::default())
+                .await
+                .unwrap();
+        }
+    }
+}
+
 /// Against a real API server, when `KUBECONFIG` is set: the CRD with its
 /// webhook at this test's own HTTPS address (`url` + `caBundle`, as a Service
 /// would be reached in a cluster), a v1beta1 object applied and read back as
