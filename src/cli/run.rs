@@ -349,7 +349,19 @@ pub async fn run(args: RunArgs) -> ExitCode {
         } else {
             match crate::webhook::Webhook::bind(addr, &args.webhook_cert_dir).await {
                 Ok(webhook) => {
-                    let webhook = webhook.with_contract_versions(client.clone());
+                    let versions = std::sync::Arc::new(
+                        crate::controller::contract_versions::ContractVersions::new(client.clone()),
+                    );
+                    let webhook = webhook.with_api_versions(std::sync::Arc::new(move |group, kind| {
+                        let versions = versions.clone();
+                        Box::pin(async move {
+                            versions
+                                .api_version(&group, &kind)
+                                .await
+                                .inspect_err(|e| tracing::debug!(error = %e, "conversion: API version unknown"))
+                                .ok()
+                        })
+                    }));
                     tracing::info!(%addr, "serving the conversion webhook (POST /convert)");
                     tokio::spawn(webhook.serve(shutdown.clone()));
                 }

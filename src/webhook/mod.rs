@@ -8,4 +8,4 @@
 pub mod review;
 pub mod server;
 
-pub use server::{DEFAULT_CERT_DIR, DEFAULT_PORT, Webhook, WebhookError};
+pub use server::{ApiVersionLookup, DEFAULT_CERT_DIR, DEFAULT_PORT, Webhook, WebhookError};

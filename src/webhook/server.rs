@@ -20,7 +20,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::review::{answer, needed_versions};
 use crate::api::conversion::KnownApiVersions;
-use crate::controller::contract_versions::ContractVersions;
+
+/// Looks up the API version of a kind by (group, kind): the contract
+/// version its CRD's labels give (wired by `run` to the controller's
+/// `ContractVersions`). `None` when it cannot be told.
+pub type ApiVersionLookup = Arc<
+    dyn Fn(String, String) -> futures::future::BoxFuture<'static, Option<String>> + Send + Sync,
+>;
 
 /// CAPI's convention for where a provider's webhook certificate is mounted.
 pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
@@ -136,7 +142,7 @@ impl axum::serve::Listener for TlsListener {
 }
 
 async fn convert(
-    axum::extract::State(lookup): axum::extract::State<Option<Arc<ContractVersions>>>,
+    axum::extract::State(lookup): axum::extract::State<Option<ApiVersionLookup>>,
     body: axum::body::Bytes,
 ) -> (StatusCode, axum::Json<serde_json::Value>) {
     let review: serde_json::Value = match serde_json::from_slice(&body) {
@@ -153,11 +159,8 @@ async fn convert(
     let mut versions = KnownApiVersions::new();
     if let Some(lookup) = &lookup {
         for (group, kind) in needed_versions(&review) {
-            match lookup.api_version(&group, &kind).await {
-                Ok(v) => {
-                    versions.insert((group, kind), v);
-                }
-                Err(e) => tracing::debug!(error = %e, "conversion: API version unknown"),
+            if let Some(v) = lookup(group.clone(), kind.clone()).await {
+                versions.insert((group, kind), v);
             }
         }
     }
@@ -174,7 +177,7 @@ async fn convert(
 pub struct Webhook {
     listener: TlsListener,
     cert: Arc<ReloadingCert>,
-    versions: Option<Arc<ContractVersions>>,
+    versions: Option<ApiVersionLookup>,
 }
 
 impl Webhook {
@@ -205,10 +208,10 @@ impl Webhook {
         })
     }
 
-    /// Look up the API versions a down-conversion from v1beta3 may need
-    /// (an infrastructure template's, from its CRD's contract labels).
-    pub fn with_contract_versions(mut self, client: kube::Client) -> Self {
-        self.versions = Some(Arc::new(ContractVersions::new(client)));
+    /// Look up the API versions a conversion may need (an infrastructure
+    /// template's, from its CRD's contract labels).
+    pub fn with_api_versions(mut self, lookup: ApiVersionLookup) -> Self {
+        self.versions = Some(lookup);
         self
     }
 
