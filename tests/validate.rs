@@ -997,7 +997,7 @@ async fn api_server_applies_defaults_scale_and_printer_columns() {
 
     // What `kubectl get` asks for: a Table, with our printer columns.
     let request = http::Request::get(
-        "/apis/controlplane.cluster.x-k8s.io/v1beta2/namespaces/default/kthreescontrolplanes/defaults-and-columns",
+        "/apis/controlplane.cluster.x-k8s.io/v1beta3/namespaces/default/kthreescontrolplanes/defaults-and-columns",
     )
     .header(
         "Accept",
