@@ -116,6 +116,40 @@ fn infra_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
 async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.name_any();
+    // A CRD installed before by someone else (e.g. `kubectl apply
+    // --server-side` with a webhook `url`) keeps that manager's clientConfig
+    // fields beside the ones applied here, and the server refuses a url and a
+    // service together: set the clientConfig first with a merge patch.
+    if let Some(config) = crd
+        .spec
+        .conversion
+        .as_ref()
+        .and_then(|c| c.webhook.as_ref())
+        .and_then(|w| w.client_config.as_ref())
+    {
+        let mut config = serde_json::to_value(config).unwrap();
+        for key in ["url", "service", "caBundle"] {
+            config
+                .as_object_mut()
+                .unwrap()
+                .entry(key)
+                .or_insert(Value::Null);
+        }
+        match api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"conversion": {"webhook": {"clientConfig": config}}}}),
+                ),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(e) => panic!("set the conversion webhook of CRD {name}: {e}"),
+        }
+    }
     api.patch(
         &name,
         &PatchParams::apply("k3scp-real-capi-test").force(),

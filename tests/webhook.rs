@@ -268,6 +268,26 @@ async fn api_server_converts_through_the_webhook() {
     config.ca_bundle = Some(k8s_openapi::ByteString(ca.into_bytes()));
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd_name = crd.metadata.name.clone().unwrap();
+    // Whoever installed the CRD (`kubectl apply -f crds/`) co-owns its
+    // `clientConfig.service`: an apply without it would leave it beside our
+    // `url`, which the server refuses ("exactly one of url or service").
+    // Swap it for our address with a merge patch first (no CRD yet: nothing
+    // to swap); the apply below then owns `url` and `caBundle`.
+    let url = config.url.clone().unwrap();
+    let ca_bundle = serde_json::to_value(config.ca_bundle.as_ref().unwrap()).unwrap();
+    match crds
+        .patch(
+            &crd_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"conversion": {"webhook": {"clientConfig":
+                {"service": null, "url": url, "caBundle": ca_bundle}}}}})),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_not_found() => {}
+        Err(e) => panic!("point the CRD's webhook at this test: {e}"),
+    }
     crds.patch(
         &crd_name,
         &PatchParams::apply("k3s-control-plane-tests").force(),
@@ -363,11 +383,35 @@ async fn api_server_converts_through_the_webhook() {
     );
     v2.delete(&name, &DeleteParams::default()).await.unwrap();
 
-    // Put the CRD back as shipped, so other tests on this server see it.
+    // Put the CRD back as shipped, so other tests on this server see it
+    // (the merge patch above co-owns `url`: swap it back the same way).
     let shipped = k3s_control_plane::api::crds::ours()
         .into_iter()
         .find(|c| c.spec.names.kind == "KThreesControlPlane")
         .unwrap();
+    let service = serde_json::to_value(
+        &shipped
+            .spec
+            .conversion
+            .as_ref()
+            .unwrap()
+            .webhook
+            .as_ref()
+            .unwrap()
+            .client_config
+            .as_ref()
+            .unwrap()
+            .service,
+    )
+    .unwrap();
+    crds.patch(
+        &crd_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"conversion": {"webhook": {"clientConfig":
+            {"service": service, "url": null, "caBundle": null}}}}})),
+    )
+    .await
+    .expect("point the CRD's webhook back at its Service");
     crds.patch(
         &crd_name,
         &PatchParams::apply("k3s-control-plane-tests").force(),
