@@ -42,6 +42,12 @@ pub fn take_entry(data: &mut Map<String, Value>, version: &str) -> Map<String, V
 /// annotations map left empty) when there is nothing to keep.
 pub fn write(object: &mut Value, data: Map<String, Value>) -> Result<(), ConversionError> {
     let original = object.clone();
+    // The API server's server-side apply converts partial objects (the
+    // fields one manager owns) that may have no metadata at all; it wants
+    // metadata back.
+    if object.get("metadata").is_none_or(Value::is_null) {
+        object["metadata"] = Value::Object(Map::new());
+    }
     let metadata = object
         .get_mut("metadata")
         .and_then(Value::as_object_mut)

@@ -215,3 +215,46 @@ pub(crate) fn dotted(prefix: &str, path: &[&str]) -> String {
         .collect::<Vec<_>>()
         .join(".")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Server-side apply converts the fields one manager owns as partial
+    /// objects: no metadata, no spec, or a spec with one field. Every
+    /// direction converts them, gives metadata back, and adds no spec.
+    #[test]
+    fn partial_objects_of_server_side_apply_convert_in_every_direction() {
+        let versions = KnownApiVersions::new();
+        let all = [V1BETA1, V1BETA2, V1BETA3];
+        for kind in ["KThreesControlPlane", "KThreesControlPlaneTemplate"] {
+            for from in all {
+                if kind == "KThreesControlPlaneTemplate" && from == V1BETA1 {
+                    continue;
+                }
+                let bare = json!({"apiVersion": from, "kind": kind});
+                for to in all {
+                    if kind == "KThreesControlPlaneTemplate" && to == V1BETA1 {
+                        continue;
+                    }
+                    let out = convert(&bare, to, &versions)
+                        .unwrap_or_else(|e| panic!("{kind} {from} -> {to}: {e}"));
+                    assert_eq!(out["apiVersion"], to);
+                    if from != to {
+                        assert!(out["metadata"].is_object(), "{kind} {from} -> {to}: {out}");
+                    }
+                    assert!(out.get("spec").is_none(), "{kind} {from} -> {to}: {out}");
+                }
+            }
+        }
+        let replicas_only =
+            json!({"apiVersion": V1BETA2, "kind": "KThreesControlPlane", "spec": {"replicas": 3}});
+        let stored = convert(&replicas_only, V1BETA3, &versions).unwrap();
+        assert_eq!(stored["spec"], json!({"replicas": 3}));
+        assert_eq!(
+            convert(&stored, V1BETA1, &versions).unwrap()["spec"],
+            json!({"replicas": 3})
+        );
+    }
+}

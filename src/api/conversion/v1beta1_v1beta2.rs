@@ -65,7 +65,9 @@ pub fn down(object: &Value) -> Result<Value, ConversionError> {
     {
         rest.remove("machineTemplate");
     }
-    out["spec"] = Value::Object(v1);
+    if !v1.is_empty() || object.get("spec").is_some() {
+        out["spec"] = Value::Object(v1);
+    }
     // What v1beta1 cannot say, and the v1beta2 conditions, ride along
     // beside what the object already carries for other versions.
     let mut entries = data::read(object)?;
@@ -115,7 +117,9 @@ pub fn up(object: &Value) -> Result<Value, ConversionError> {
             ));
         }
     }
-    out["spec"] = Value::Object(v2);
+    if !v2.is_empty() || object.get("spec").is_some() {
+        out["spec"] = Value::Object(v2);
+    }
     if let Some(status) = as_object(object, &object["status"], "status")? {
         out["status"] = Value::Object(status_to_v1beta2(status, data.get("conditions")));
     }

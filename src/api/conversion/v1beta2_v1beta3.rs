@@ -164,6 +164,11 @@ fn spec_of(object: &Value, shape: &Shape) -> Result<Map<String, Value>, Conversi
 }
 
 fn set_spec(out: &mut Value, shape: &Shape, spec: Map<String, Value>) {
+    // A partial object without a spec (server-side apply converts the fields
+    // one manager owns) stays without one: an empty spec would be a field.
+    if spec.is_empty() && out.pointer(&format!("/{}", shape.spec.join("/"))).is_none() {
+        return;
+    }
     let mut here = out;
     for key in shape.spec {
         if here.get(*key).is_none_or(Value::is_null) {
