@@ -54,6 +54,10 @@ pub struct Sample {
     /// A member's probe timed out: on a loaded 2-core machine that is as
     /// likely the observer starved as the member.
     pub probe_timed_out: bool,
+    /// A probe failed only because etcd is settling after a change of leader
+    /// or voters (`quorum::is_settling_reason`: a read that straddled a
+    /// handover); like a timeout, it opens a window that must close.
+    pub settling: bool,
     /// Every listed member, id and name.
     pub listed: Vec<(u64, String)>,
     /// (member, the leader its own `Status` names), for every member that
@@ -106,6 +110,8 @@ impl Sample {
             Standing::Quorum
         } else if self.probe_timed_out {
             Standing::Inconclusive(format!("a probe timed out; {numbers}"))
+        } else if self.settling {
+            Standing::Inconclusive(format!("etcd settling after a change of leader; {numbers}"))
         } else {
             Standing::BelowQuorum(numbers)
         }
@@ -410,6 +416,14 @@ impl Observer {
                                 m.probe_error
                                     .as_deref()
                                     .is_some_and(|e| e.contains("timed out"))
+                            }),
+                            settling: snap.members.iter().any(|m| {
+                                m.probe_error.as_deref().is_some_and(|e| {
+                                    k3s_control_plane::quorum::is_settling_reason(
+                                        e,
+                                        snap.leader.is_some(),
+                                    )
+                                })
                             }),
                             listed: snap
                                 .members
