@@ -27,19 +27,23 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 }
 
 fn etcdctl(c: &EtcdTestCluster, endpoints: &str, args: &[&str]) {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg("--endpoints")
-        .arg(endpoints)
-        .arg("--cacert")
-        .arg(c.ca_cert_path())
-        .arg("--cert")
-        .arg(c.client_cert_path())
-        .arg("--key")
-        .arg(c.client_key_path())
-        .args(args)
-        .output()
-        .expect("run etcdctl");
+    let out = Command::new(
+        k3s_control_plane::harness::etcd::EtcdBinary::find()
+            .unwrap()
+            .etcdctl(),
+    )
+    .env("ETCDCTL_API", "3")
+    .arg("--endpoints")
+    .arg(endpoints)
+    .arg("--cacert")
+    .arg(c.ca_cert_path())
+    .arg("--cert")
+    .arg(c.client_cert_path())
+    .arg("--key")
+    .arg(c.client_key_path())
+    .args(args)
+    .output()
+    .expect("run etcdctl");
     assert!(
         out.status.success(),
         "etcdctl {args:?}: {}",

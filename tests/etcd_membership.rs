@@ -66,6 +66,57 @@ async fn snapshot_of_a_three_member_cluster() {
     assert!(views.iter().all(|v| v.probe_error.is_none()));
 }
 
+/// The members are the etcd the harness names (its `--version`), run with
+/// k3s's settings: metrics on the loopback-only `:2381` (k3s: `127.0.0.1`),
+/// and, where the binary has the flag (etcd 3.5.x later than 3.5.1, 3.6), the
+/// plain HTTP client listener on `:2382`.
+#[tokio::test]
+async fn members_are_the_named_etcd_with_k3s_listeners() {
+    use k3s_control_plane::harness::etcd::EtcdBinary;
+    let binary = EtcdBinary::find().unwrap();
+    eprintln!(
+        "etcd under test: {} ({})",
+        binary.version_string(),
+        binary.path.display()
+    );
+    let c = cluster(3).await;
+    let snap = c.connect().snapshot().await.unwrap();
+    for m in c.members() {
+        let status = snap.member(m.id).and_then(|s| s.status.clone()).unwrap();
+        assert_eq!(status.version, binary.version_string(), "{}", m.name);
+        let metrics = http_get(m.loopback_ip(), 2381, "/metrics").await;
+        assert!(
+            metrics.contains("etcd_server_has_leader 1"),
+            "{}: metrics on the loopback-only listener:\n{}",
+            m.name,
+            &metrics[..metrics.len().min(400)]
+        );
+        if binary.offers("--listen-client-http-urls") {
+            let health = http_get(m.loopback_ip(), 2382, "/health").await;
+            assert!(
+                health.contains("\"health\":\"true\""),
+                "{}: {health}",
+                m.name
+            );
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET (the loopback-only listeners speak no TLS).
+async fn http_get(ip: std::net::Ipv4Addr, port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((ip, port))
+        .await
+        .unwrap_or_else(|e| panic!("connect {ip}:{port}: {e}"));
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
+
 #[tokio::test]
 async fn leadership_moves_to_the_chosen_member() {
     let c = cluster(3).await;

@@ -47,6 +47,9 @@ const BLOCK_PREFIX: (u8, u8) = (127, 77);
 /// Second octet of the client addresses members listen on when their
 /// advertised (Node) address must not be reachable.
 const HIDDEN_CLIENT_OCTET: u8 = 78;
+/// Second octet of each member's loopback-only listeners (metrics, plain
+/// HTTP), which k3s puts on `127.0.0.1` (one per member here).
+const LOOPBACK_ONLY_OCTET: u8 = 79;
 /// k3s's own raft timing (docs/k3s.md R1): every test world runs at it, so
 /// detection times, MoveLeader and confirmation limits are exercised as k3s
 /// runs them. A builder's `raft_timing` overrides it where a test says why.
@@ -63,7 +66,9 @@ static CLUSTER_SLOTS: Semaphore = Semaphore::const_new(MAX_CLUSTERS_PER_PROCESS)
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error("etcd binary not found (set ETCD_BIN or install it: apt-get install -y etcd-server)")]
+    #[error(
+        "etcd binary not found (set ETCD_BIN, or run hack/setup.sh, which installs etcd 3.5.1 into .tools/etcd-v3.5.1)"
+    )]
     EtcdNotFound,
     #[error("cluster of {0} members asked; between 1 and {MAX_MEMBERS} are supported")]
     BadSize(usize),
@@ -99,22 +104,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
     move |source| HarnessError::Io { what, source }
 }
 
-/// The etcd binary: `ETCD_BIN`, else `etcd` on PATH.
-pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
-    if let Some(bin) = std::env::var_os("ETCD_BIN") {
-        let bin = PathBuf::from(bin);
-        return if bin.is_file() {
-            Ok(bin)
-        } else {
-            Err(HarnessError::EtcdNotFound)
-        };
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("etcd"))
-        .find(|p| p.is_file())
-        .ok_or(HarnessError::EtcdNotFound)
-}
+pub use super::etcd_binary::{EtcdBinary, etcd_binary};
 
 /// An exclusively locked address block.
 struct Block {
@@ -240,6 +230,12 @@ impl TestMember {
         SocketAddr::from((self.ip, port))
     }
 
+    /// Where its loopback-only listeners are (k3s: `127.0.0.1`).
+    pub fn loopback_ip(&self) -> Ipv4Addr {
+        let [_, _, block, host] = self.ip.octets();
+        Ipv4Addr::new(BLOCK_PREFIX.0, LOOPBACK_ONLY_OCTET, block, host)
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -299,6 +295,10 @@ impl TestMember {
             .arg("--pre-vote")
             .arg("--logger=zap")
             .arg("--log-level=warn")
+            .args(super::etcd_binary::k3s_member_flags(
+                &EtcdBinary::at(bin)?.flags,
+                self.loopback_ip(),
+            ))
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log)

@@ -6,6 +6,7 @@
 pub mod bringup;
 pub mod capi_sim;
 pub mod etcd;
+pub mod etcd_binary;
 pub mod infra_sim;
 pub mod k3s_agent;
 pub mod k3s_supervisor;

@@ -412,15 +412,17 @@ impl Observer {
                             leader: snap.leader,
                             healthy_voters: (a.healthy, a.voters),
                             quorum: a.size,
+                            // The reason as the quorum rule sees it: a probe
+                            // error, or the errors a member's status reports
+                            // ("etcdserver: no leader" comes that way).
                             probe_timed_out: snap.members.iter().any(|m| {
-                                m.probe_error
-                                    .as_deref()
+                                m.unhealthy_reason()
                                     .is_some_and(|e| e.contains("timed out"))
                             }),
                             settling: snap.members.iter().any(|m| {
-                                m.probe_error.as_deref().is_some_and(|e| {
+                                m.unhealthy_reason().is_some_and(|e| {
                                     k3s_control_plane::quorum::is_settling_reason(
-                                        e,
+                                        &e,
                                         snap.leader.is_some(),
                                     )
                                 })

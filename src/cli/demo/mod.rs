@@ -30,7 +30,7 @@ use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
 use crate::decision::contract_conditions::{AVAILABLE, INITIALIZED, SCALING_UP};
 use crate::harness::bringup::BringUp;
-use crate::harness::etcd::etcd_binary;
+use crate::harness::etcd::EtcdBinary;
 use crate::harness::infra_sim::{self, Provisioned};
 use crate::harness::sandbox::{CLUSTER, ControllerHandle, KCP, NAMESPACE, Sandbox, SandboxError};
 
@@ -66,7 +66,7 @@ pub struct DemoArgs {
 #[derive(Debug, thiserror::Error)]
 enum DemoError {
     #[error(
-        "etcd binary not found (looked at $ETCD_BIN, then etcd on PATH): run hack/setup.sh to install etcd 3.4 (Debian etcd-server)"
+        "etcd binary not found (looked at $ETCD_BIN, then .tools/etcd-v3.5.1/etcd, then etcd on PATH): run hack/setup.sh, which installs etcd 3.5.1 there"
     )]
     EtcdMissing,
     #[error("{0}")]
@@ -110,14 +110,19 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 // ---------------------------------------------------------------------------
 // The self-contained demo.
 
-fn print_intro() {
+fn print_intro(etcd: &EtcdBinary) {
     say("k3s-control-plane demo: a k3s control plane brought up from nothing, then the etcd");
     say("leader's control-plane Machine remediated");
     say("");
     say("What is real:");
-    say("  - etcd: each server's member is a real etcd 3.4 process (k3s-style member name, its");
-    say("    own 127.77.x.y loopback address, ports 2379/2380); the first server starts a new");
-    say("    cluster, each later one joins as a learner and is promoted, as k3s does;");
+    say(&format!(
+        "  - etcd: each server's member is a real etcd {} process ({}), with k3s's etcd",
+        etcd.version_string(),
+        etcd.path.display()
+    ));
+    say("    settings, a k3s-style member name, its own 127.77.x.y loopback address and ports");
+    say("    2379/2380; the first server starts a new cluster, each later one joins as a");
+    say("    learner and is promoted, as k3s does;");
     say("  - TLS: mutual TLS, from the Secrets the controller generates: the etcd certificates");
     say("    are signed by its <cluster>-etcd CA; the workload API server serves a <cluster>-ca");
     say("    certificate and accepts only client certificates signed by <cluster>-cca;");
@@ -466,8 +471,8 @@ impl Milestones {
 async fn sandbox_demo() -> Result<(), DemoError> {
     const MEMBERS: usize = 3;
     let run_started = Instant::now();
-    print_intro();
-    etcd_binary().map_err(|_| DemoError::EtcdMissing)?;
+    let etcd = EtcdBinary::find().map_err(|_| DemoError::EtcdMissing)?;
+    print_intro(&etcd);
 
     let BroughtUp {
         mut sandbox,
