@@ -30,19 +30,33 @@ pub async fn annotate_configs(ctx: &Context, world: &World, decision: &Decision)
             .map(|r| format!("{namespace}/{}", r.name))
     };
     // Keep only what is still to be written: a value CAPI copied, or a
-    // Machine gone, is forgotten, so the set stays bounded.
+    // Machine gone, is forgotten, so the set stays bounded. Only this control
+    // plane's entries are pruned: another's pass never makes this one write
+    // again.
     let pending: std::collections::HashSet<(String, String)> = decision
         .certificate_annotations
         .iter()
         .filter_map(|(m, v)| Some((config_of(m)?, v.clone())))
         .collect();
-    // (Another control plane's pending entry in this namespace may go too:
-    // it is then written once more, an idempotent merge patch.)
-    let prefix = format!("{namespace}/");
-    ctx.certificate_annotations
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|key| !key.0.starts_with(&prefix) || pending.contains(key));
+    let control_plane = format!("{namespace}/{}", world.kcp.name_any());
+    let written = |key: &(String, String)| {
+        ctx.certificate_annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&control_plane)
+            .is_some_and(|set| set.contains(key))
+    };
+    {
+        let mut all = ctx
+            .certificate_annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() {
+            all.remove(&control_plane);
+        } else if let Some(set) = all.get_mut(&control_plane) {
+            set.retain(|key| pending.contains(key));
+        }
+    }
     for (machine, value) in &decision.certificate_annotations {
         let Some(config) = world
             .machine(machine)
@@ -54,12 +68,7 @@ pub async fn annotate_configs(ctx: &Context, world: &World, decision: &Decision)
             continue;
         };
         let key = (format!("{namespace}/{}", config.name), value.clone());
-        if ctx
-            .certificate_annotations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&key)
-        {
+        if written(&key) {
             continue;
         }
         let patch = json!({"metadata": {"annotations": {CERTIFICATES_EXPIRY_ANNOTATION: value}}});
@@ -85,6 +94,8 @@ pub async fn annotate_configs(ctx: &Context, world: &World, decision: &Decision)
         ctx.certificate_annotations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .entry(control_plane.clone())
+            .or_default()
             .insert(key);
     }
     Ok(())

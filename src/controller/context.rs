@@ -109,9 +109,12 @@ pub struct Context {
     /// when election is disabled. A reconcile that starts without it returns
     /// without writing.
     pub leader: LeaderGuard,
-    /// Certificate expiry annotations written (`namespace/config`, value), so
-    /// that one is written once while CAPI has not copied it yet.
-    pub certificate_annotations: Mutex<std::collections::HashSet<(String, String)>>,
+    /// Certificate expiry annotations written, per control plane
+    /// (`namespace/name`): the (KThreesConfig, value) pairs, so that one is
+    /// written once while CAPI has not copied it yet. Each control plane's
+    /// pass prunes only its own entries.
+    pub certificate_annotations:
+        Mutex<std::collections::HashMap<String, std::collections::HashSet<(String, String)>>>,
     /// Leadership moves started and not yet confirmed, by cluster.
     pub leadership_moves: super::etcd_leader_move::in_flight::LeadershipMoves,
     /// The k3s serving certificate probes, by Machine.
@@ -228,6 +231,10 @@ impl Context {
     /// Forget what is held for the control plane `namespace/name` itself.
     pub fn forget_control_plane(&self, namespace: &str, name: &str) {
         self.kcp_writes.forget(&format!("{namespace}/{name}"));
+        self.certificate_annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&format!("{namespace}/{name}"));
     }
 
     /// A successful reconcile resets `object`'s backoff.

@@ -66,10 +66,8 @@ static CLUSTER_SLOTS: Semaphore = Semaphore::const_new(MAX_CLUSTERS_PER_PROCESS)
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    #[error(
-        "etcd binary not found (set ETCD_BIN, or run hack/setup.sh, which installs etcd 3.5.1 into .tools/etcd-v3.5.1)"
-    )]
-    EtcdNotFound,
+    #[error(transparent)]
+    Binary(#[from] super::etcd_binary::EtcdBinaryError),
     #[error("cluster of {0} members asked; between 1 and {MAX_MEMBERS} are supported")]
     BadSize(usize),
     #[error("no free address block 127.77.<b>.0/24 (all 256 locked or in use)")]

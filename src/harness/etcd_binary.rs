@@ -16,7 +16,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::etcd::HarnessError;
+/// Why the etcd binary could not be found or read.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdBinaryError {
+    #[error(
+        "etcd binary not found (set ETCD_BIN, or run hack/setup.sh, which installs etcd 3.5.1 into .tools/etcd-v3.5.1)"
+    )]
+    NotFound,
+    #[error("{what}: {source}")]
+    Unreadable {
+        what: String,
+        source: std::io::Error,
+    },
+}
 
 /// Where `hack/setup.sh` installs the default etcd (relative to the crate).
 pub const PINNED_ETCD_DIR: &str = ".tools/etcd-v3.5.1";
@@ -42,32 +54,31 @@ pub struct EtcdBinary {
 
 impl EtcdBinary {
     /// The binary the harness runs (see the module docs).
-    pub fn find() -> Result<Arc<EtcdBinary>, HarnessError> {
+    pub fn find() -> Result<Arc<EtcdBinary>, EtcdBinaryError> {
         Self::at(&etcd_binary()?)
     }
 
     /// The binary at `path`, read once per process.
-    pub fn at(path: &Path) -> Result<Arc<EtcdBinary>, HarnessError> {
+    pub fn at(path: &Path) -> Result<Arc<EtcdBinary>, EtcdBinaryError> {
         static KNOWN: OnceLock<Mutex<HashMap<PathBuf, Arc<EtcdBinary>>>> = OnceLock::new();
         let known = KNOWN.get_or_init(Default::default);
         if let Some(found) = known.lock().unwrap().get(path) {
             return Ok(found.clone());
         }
-        let run = |arg: &str| -> Result<String, HarnessError> {
-            let out = Command::new(path)
-                .arg(arg)
-                .output()
-                .map_err(|source| HarnessError::Io {
+        let run = |arg: &str| -> Result<String, EtcdBinaryError> {
+            let out = Command::new(path).arg(arg).output().map_err(|source| {
+                EtcdBinaryError::Unreadable {
                     what: format!("run {} {arg}", path.display()),
                     source,
-                })?;
+                }
+            })?;
             // etcd prints its help on stderr and its version on stdout.
             let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&out.stderr));
             Ok(text)
         };
         let version_text = run("--version")?;
-        let version = parse_version(&version_text).ok_or_else(|| HarnessError::Io {
+        let version = parse_version(&version_text).ok_or_else(|| EtcdBinaryError::Unreadable {
             what: format!("read the version of {}", path.display()),
             source: std::io::Error::other(format!(
                 "no 'etcd Version: X.Y.Z' in {:?}",
@@ -109,13 +120,13 @@ impl EtcdBinary {
 
 /// The etcd binary's path: `ETCD_BIN`, else the pinned one `hack/setup.sh`
 /// installs, else `etcd` on PATH.
-pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
+pub fn etcd_binary() -> Result<PathBuf, EtcdBinaryError> {
     if let Some(bin) = std::env::var_os("ETCD_BIN") {
         let bin = PathBuf::from(bin);
         return if bin.is_file() {
             Ok(bin)
         } else {
-            Err(HarnessError::EtcdNotFound)
+            Err(EtcdBinaryError::NotFound)
         };
     }
     let pinned = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -128,7 +139,7 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
     std::env::split_paths(&path)
         .map(|dir| dir.join("etcd"))
         .find(|p| p.is_file())
-        .ok_or(HarnessError::EtcdNotFound)
+        .ok_or(EtcdBinaryError::NotFound)
 }
 
 fn parse_version(text: &str) -> Option<(u32, u32, u32)> {

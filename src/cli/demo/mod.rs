@@ -116,13 +116,15 @@ fn print_intro(etcd: &EtcdBinary) {
     say("");
     say("What is real:");
     say(&format!(
-        "  - etcd: each server's member is a real etcd {} process ({}), with k3s's etcd",
-        etcd.version_string(),
+        "  - etcd: each server's member is a real etcd {} process with k3s's etcd settings",
+        etcd.version_string()
+    ));
+    say(&format!(
+        "    ({}), a k3s-style member name, its own",
         etcd.path.display()
     ));
-    say("    settings, a k3s-style member name, its own 127.77.x.y loopback address and ports");
-    say("    2379/2380; the first server starts a new cluster, each later one joins as a");
-    say("    learner and is promoted, as k3s does;");
+    say("    127.77.x.y loopback address and ports 2379/2380; the first server starts a new");
+    say("    cluster, each later one joins as a learner and is promoted, as k3s does;");
     say("  - TLS: mutual TLS, from the Secrets the controller generates: the etcd certificates");
     say("    are signed by its <cluster>-etcd CA; the workload API server serves a <cluster>-ca");
     say("    certificate and accepts only client certificates signed by <cluster>-cca;");
