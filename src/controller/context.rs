@@ -113,8 +113,7 @@ pub struct Context {
     /// (`namespace/name`): the (KThreesConfig, value) pairs, so that one is
     /// written once while CAPI has not copied it yet. Each control plane's
     /// pass prunes only its own entries.
-    pub certificate_annotations:
-        Mutex<std::collections::HashMap<String, std::collections::HashSet<(String, String)>>>,
+    pub certificate_annotations: Mutex<super::certificate_expiry::WrittenAnnotations>,
     /// Leadership moves started and not yet confirmed, by cluster.
     pub leadership_moves: super::etcd_leader_move::in_flight::LeadershipMoves,
     /// The k3s serving certificate probes, by Machine.
@@ -234,7 +233,7 @@ impl Context {
         self.certificate_annotations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&format!("{namespace}/{name}"));
+            .forget(&format!("{namespace}/{name}"));
     }
 
     /// A successful reconcile resets `object`'s backoff.

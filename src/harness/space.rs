@@ -85,7 +85,7 @@ async fn sample(
     };
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let _ = handle
+        let read = handle
             .clients
             .call_keeping_connection(
                 &endpoint,
@@ -115,6 +115,10 @@ async fn sample(
             read: (started, ended),
             db_size,
         });
+        if read.is_err() && db_size.is_none() {
+            // The member is gone (or the cluster was dropped): do not spin.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     samples
 }
