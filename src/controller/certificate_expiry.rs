@@ -40,11 +40,16 @@ impl WrittenAnnotations {
     }
 
     pub fn written(&self, control_plane: &str, key: &(String, String)) -> bool {
-        self.0.get(control_plane).is_some_and(|set| set.contains(key))
+        self.0
+            .get(control_plane)
+            .is_some_and(|set| set.contains(key))
     }
 
     pub fn record(&mut self, control_plane: &str, key: (String, String)) {
-        self.0.entry(control_plane.to_string()).or_default().insert(key);
+        self.0
+            .entry(control_plane.to_string())
+            .or_default()
+            .insert(key);
     }
 
     pub fn forget(&mut self, control_plane: &str) {
@@ -176,7 +181,10 @@ mod tests {
     #[test]
     fn a_value_capi_copied_or_a_machine_gone_is_forgotten() {
         let mut written = WrittenAnnotations::default();
-        let (old, new) = (pair("a-0", "2027-01-01T00:00:00Z"), pair("a-1", "2027-02-01T00:00:00Z"));
+        let (old, new) = (
+            pair("a-0", "2027-01-01T00:00:00Z"),
+            pair("a-1", "2027-02-01T00:00:00Z"),
+        );
         written.record("ns/a", old.clone());
         written.record("ns/a", new.clone());
         written.keep_only("ns/a", &HashSet::from([new.clone()]));

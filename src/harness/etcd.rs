@@ -56,6 +56,8 @@ const LOOPBACK_ONLY_OCTET: u8 = 79;
 const HEARTBEAT_MS: u32 = 500;
 const ELECTION_MS: u32 = 5000;
 const POLL: Duration = Duration::from_millis(100);
+/// The least time a learner etcd accepted is given to answer.
+const LEARNER_START_LIMIT: Duration = Duration::from_secs(45);
 const CLIENT_PORT: u16 = 2379;
 /// The advertised peer port (the proxy's, when there is one).
 const PEER_PORT: u16 = 2380;
@@ -1118,9 +1120,14 @@ impl EtcdTestCluster {
         let running: Vec<usize> = (0..self.members.len())
             .filter(|&i| self.members[i].child.is_some())
             .collect();
+        // Once etcd accepted the member, its start is not bounded by the
+        // ready timeout a test may shorten to have refused joins retried
+        // sooner: a learner started beside a dead voter under load took more
+        // than 15 s to answer on etcd 3.6.13 (which, unlike 3.5.1, accepts
+        // the learner while a voter is down).
         self.poll(
             "learner started",
-            self.ready_timeout,
+            self.ready_timeout.max(LEARNER_START_LIMIT),
             |snap| match snap.member_by_name(&name) {
                 Some(m) if m.learner && m.status.is_some() => Ok(()),
                 Some(_) => Err(format!("{name} not answering yet")),
