@@ -7,7 +7,7 @@
 //! - [`decommission`]: a deleted Machine's server goes away (its etcd process
 //!   stops, CAPI deletes its Node).
 //!
-//! The etcd member is real (a new etcd 3.4 process with its own certificates);
+//! The etcd member is real (a new etcd process with its own certificates);
 //! only the machine around it is simulated.
 
 use std::time::Duration;
