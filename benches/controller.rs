@@ -514,6 +514,13 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    if let Ok(binary) = k3s_control_plane::harness::etcd::EtcdBinary::find() {
+        println!(
+            "etcd {} ({})",
+            binary.version_string(),
+            binary.path.display()
+        );
+    }
     assert!(
         Path::new(env!("CARGO_BIN_EXE_k3s-control-plane")).exists(),
         "the k3s-control-plane binary is built with the bench"

@@ -76,6 +76,13 @@ async fn main() {
         return; // `cargo test --benches` / tooling probes: nothing to list.
     }
 
+    let binary = k3s_control_plane::harness::etcd::EtcdBinary::find().expect("etcd");
+    println!(
+        "etcd {} ({}), etcdctl {}",
+        binary.version_string(),
+        binary.path.display(),
+        binary.etcdctl().display()
+    );
     // Snapshot: warm handle (as the controller keeps one) vs etcdctl per call.
     let c = EtcdTestCluster::start(3).await.expect("start cluster");
     let etcd = c.connect();

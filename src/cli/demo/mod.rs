@@ -115,11 +115,11 @@ fn print_intro(etcd: &EtcdBinary) {
     say("leader's control-plane Machine remediated");
     say("");
     say("What is real:");
-    say(&format!(
+    say(format!(
         "  - etcd: each server's member is a real etcd {} process with k3s's etcd settings",
         etcd.version_string()
     ));
-    say(&format!(
+    say(format!(
         "    ({}), a k3s-style member name, its own",
         etcd.path.display()
     ));
