@@ -62,7 +62,7 @@ use k3s_control_plane::api::names::{
     K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, KCP_FINALIZER,
     NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_ETCD_LABEL, SPEC_HASH_ANNOTATION,
 };
-use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
+use k3s_control_plane::api::{Cluster, KThreesConfig, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
 use k3s_control_plane::decision::status::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::harness::EtcdTestCluster;
@@ -344,6 +344,18 @@ async fn add_cluster(
             .create(&PostParams::default(), &object)
             .await
             .expect("create Machine");
+        // Its bootstrap config, as the bootstrap provider's would be: where
+        // the controller writes the certificate expiry for CAPI to copy.
+        let config: KThreesConfig = serde_json::from_value(json!({
+            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KThreesConfig",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {}
+        }))
+        .expect("KThreesConfig");
+        Api::<KThreesConfig>::namespaced(management.clone(), NAMESPACE)
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("create KThreesConfig");
         let status = json!({"status": {
             "nodeRef": {"name": name},
             "addresses": [{"type": "InternalIP", "address": ip}],
@@ -753,6 +765,10 @@ async fn fleet(
         all_status_after.as_secs_f64()
     );
     tokio::time::sleep_until(all_done + IDLE_REQUEUE + ROUND_MARGIN).await;
+    let copied = capi_copies_certificate_expiry(&client).await;
+    eprintln!(
+        "N={n}: CAPI's Machine controller copied {copied} certificate expiries to Machine status"
+    );
     let quiet = wait_quiet(Duration::from_secs(180)).await;
     eprintln!("N={n}: idle window of {} s", length.as_secs());
     let window = idle_window(&process, &management, &workloads, length).await;
@@ -781,6 +797,42 @@ async fn fleet(
         quiet,
         cached_json,
     }
+}
+
+/// What CAPI's Machine controller does for a control-plane Machine
+/// (cluster-api `internal/controllers/machine/machine_controller.go`,
+/// `reconcileCertificateExpiry`): the bootstrap config's
+/// `machine.cluster.x-k8s.io/certificates-expiry` annotation, copied into
+/// `Machine.status.certificatesExpiryDate`. Returns how many were copied.
+async fn capi_copies_certificate_expiry(client: &kube::Client) -> usize {
+    let configs: Api<KThreesConfig> = Api::namespaced(client.clone(), NAMESPACE);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut copied = 0;
+    for config in configs
+        .list(&Default::default())
+        .await
+        .expect("list KThreesConfigs")
+    {
+        let Some(value) = config
+            .annotations()
+            .get(k3s_control_plane::api::names::CERTIFICATES_EXPIRY_ANNOTATION)
+        else {
+            continue;
+        };
+        let status = json!({"status": {"certificatesExpiryDate": value}});
+        if machines
+            .patch_status(
+                &config.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .is_ok()
+        {
+            copied += 1;
+        }
+    }
+    copied
 }
 
 /// JSON size of what the controller's watches hold (every KThreesControlPlane,

@@ -113,7 +113,7 @@ pub struct Context {
     /// (`namespace/name`): the (KThreesConfig, value) pairs, so that one is
     /// written once while CAPI has not copied it yet. Each control plane's
     /// pass prunes only its own entries.
-    pub certificate_annotations: Mutex<super::certificate_expiry::WrittenAnnotations>,
+    pub certificate_annotations: Mutex<super::written_annotations::WrittenAnnotations>,
     /// Leadership moves started and not yet confirmed, by cluster.
     pub leadership_moves: super::etcd_leader_move::in_flight::LeadershipMoves,
     /// The k3s serving certificate probes, by Machine.

@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod replica_election;
 pub mod status;
 pub mod sync_machines;
+pub mod written_annotations;
 
 use std::sync::Arc;
 
