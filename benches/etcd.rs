@@ -9,7 +9,6 @@
 //!
 //! Run: `cargo bench --bench etcd` (needs etcd and etcdctl on PATH).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k3s_control_plane::etcd::EtcdCluster;
@@ -27,23 +26,12 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 }
 
 fn etcdctl(c: &EtcdTestCluster, endpoints: &str, args: &[&str]) {
-    let out = Command::new(
-        k3s_control_plane::harness::etcd::EtcdBinary::find()
-            .unwrap()
-            .etcdctl(),
-    )
-    .env("ETCDCTL_API", "3")
-    .arg("--endpoints")
-    .arg(endpoints)
-    .arg("--cacert")
-    .arg(c.ca_cert_path())
-    .arg("--cert")
-    .arg(c.client_cert_path())
-    .arg("--key")
-    .arg(c.client_key_path())
-    .args(args)
-    .output()
-    .expect("run etcdctl");
+    let out = c
+        .etcdctl(endpoints)
+        .expect("etcdctl")
+        .args(args)
+        .output()
+        .expect("run etcdctl");
     assert!(
         out.status.success(),
         "etcdctl {args:?}: {}",

@@ -9,7 +9,6 @@
 //!
 //! Run: `cargo bench --bench etcd_defrag` (needs etcd and etcdctl on PATH).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k3s_control_plane::harness::EtcdTestCluster;
@@ -28,24 +27,13 @@ fn ms(d: Duration) -> f64 {
 
 fn etcdctl_defrag(c: &EtcdTestCluster, endpoint: &str) -> Duration {
     let started = Instant::now();
-    let out = Command::new(
-        k3s_control_plane::harness::etcd::EtcdBinary::find()
-            .unwrap()
-            .etcdctl(),
-    )
-    .env("ETCDCTL_API", "3")
-    .arg("--endpoints")
-    .arg(endpoint)
-    .arg("--cacert")
-    .arg(c.ca_cert_path())
-    .arg("--cert")
-    .arg(c.client_cert_path())
-    .arg("--key")
-    .arg(c.client_key_path())
-    .arg("--command-timeout=5m")
-    .arg("defrag")
-    .output()
-    .expect("run etcdctl");
+    let out = c
+        .etcdctl(endpoint)
+        .expect("etcdctl")
+        .arg("--command-timeout=5m")
+        .arg("defrag")
+        .output()
+        .expect("run etcdctl");
     let took = started.elapsed();
     assert!(
         out.status.success(),

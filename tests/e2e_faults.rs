@@ -673,31 +673,13 @@ async fn nospace_on_one_member_blocks_a_removal_naming_the_alarm() {
     let value = "x".repeat(64 * 1024);
     let mut refused = None;
     for i in 0..200 {
-        let out = std::process::Command::new(
-            k3s_control_plane::harness::etcd::EtcdBinary::find()
-                .unwrap()
-                .etcdctl(),
-        )
-        .env("ETCDCTL_API", "3")
-        .arg(format!(
-            "--endpoints={}",
-            sandbox.etcd.member(0).client_url()
-        ))
-        .arg(format!(
-            "--cacert={}",
-            sandbox.etcd.ca_cert_path().display()
-        ))
-        .arg(format!(
-            "--cert={}",
-            sandbox.etcd.client_cert_path().display()
-        ))
-        .arg(format!(
-            "--key={}",
-            sandbox.etcd.client_key_path().display()
-        ))
-        .args(["put", &format!("fill-{i}"), &value])
-        .output()
-        .expect("etcdctl runs (hack/setup.sh installs it)");
+        let out = sandbox
+            .etcd
+            .etcdctl(&sandbox.etcd.member(0).client_url())
+            .expect("etcdctl (hack/setup.sh installs it beside etcd)")
+            .args(["put", &format!("fill-{i}"), &value])
+            .output()
+            .expect("etcdctl runs (hack/setup.sh installs it)");
         if !out.status.success() {
             refused = Some(String::from_utf8_lossy(&out.stderr).into_owned());
             break;

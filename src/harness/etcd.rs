@@ -1507,6 +1507,19 @@ impl EtcdTestCluster {
         &self.client_files.key
     }
 
+    /// `etcdctl` (the one beside the etcd binary the harness runs) with this
+    /// cluster's client certificate and CA, aimed at `endpoints`: add the
+    /// command and run it.
+    pub fn etcdctl(&self, endpoints: &str) -> Result<Command, HarnessError> {
+        let mut cmd = Command::new(EtcdBinary::find()?.etcdctl());
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .arg(format!("--cacert={}", self.ca_cert_path().display()))
+            .arg(format!("--cert={}", self.client_cert_path().display()))
+            .arg(format!("--key={}", self.client_key_path().display()));
+        Ok(cmd)
+    }
+
     /// A scratch directory that lives as long as the cluster.
     pub fn dir(&self) -> &Path {
         self.dir.path()
