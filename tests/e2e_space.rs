@@ -80,7 +80,9 @@ async fn nospace_is_recovered_by_the_controller_with_space_care_on() {
         .wait_for("NOSPACE recovered", LIMIT, || async {
             let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
             if snap.nospace() {
-                return Err("NOSPACE still raised".into());
+                // What the controller decided, so that a timeout explains itself.
+                let space = condition(&kcp(&sandbox).await, "EtcdSpaceHealthy");
+                return Err(format!("NOSPACE still raised; EtcdSpaceHealthy {space:?}"));
             }
             if let Some(m) = snap.members.iter().find(|m| !m.is_healthy()) {
                 return Err(format!("{} unhealthy: {:?}", m.name, m.unhealthy_reason()));
