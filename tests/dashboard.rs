@@ -60,6 +60,7 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
                 quota_source: k3s_control_plane::space::QuotaSource::Default,
                 problem: None,
                 nospace: false,
+                measured: false,
             }],
             nospace: false,
             alarms_unknown: None,

@@ -141,6 +141,7 @@ fn world() -> World {
             default_quota: 2 << 30,
         },
         etcd_history: None,
+        etcd_defragmented: Default::default(),
         now: chrono::Utc::now(),
     }
 }
@@ -175,6 +176,14 @@ fn sized(w: &mut World, i: usize, db: i64, in_use: i64) {
     let status = snapshot(w).members[i].status.as_mut().unwrap();
     status.db_size = db * MIB;
     status.db_size_in_use = in_use * MIB;
+}
+
+/// Member `i` as our last defragmentation of it left it, nothing written
+/// since (its revision is the one it reported then).
+fn defragmented_now(w: &mut World, i: usize) {
+    let member = &snapshot(w).members[i];
+    let (id, revision) = (member.id, member.status.as_ref().unwrap().revision);
+    w.etcd_defragmented.insert(id, revision);
 }
 
 /// NOSPACE raised against member `i`: listed against it, reported by all.
@@ -353,6 +362,7 @@ fn table() {
             "NOSPACE whose live data fills the quota even compacted: refused with the numbers",
             |w| {
                 sized(w, 1, 96, 96);
+                defragmented_now(w, 1);
                 nospace(w, 1);
                 w.etcd_history = Some(Ok(History {
                     revision: 500,
@@ -363,6 +373,40 @@ fn table() {
                 action: None,
                 rule: "etcd-space.blocked.not-enough-room",
                 condition: Some(("False", "NoSpace")),
+            },
+        ),
+        (
+            "NOSPACE, compacted, in use reported as the whole file but not measured: defragment, which measures",
+            |w| {
+                sized(w, 1, 96, 96);
+                nospace(w, 1);
+                w.etcd_history = Some(Ok(History {
+                    revision: 500,
+                    compacted: true,
+                }));
+            },
+            Expect {
+                action: Some(defrag(1)),
+                rule: "etcd-space.defragment",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE, compacted, defragmented by us before a write: not measured now, defragment again",
+            |w| {
+                sized(w, 1, 96, 96);
+                defragmented_now(w, 1);
+                w.etcd_defragmented.values_mut().for_each(|r| *r -= 1);
+                nospace(w, 1);
+                w.etcd_history = Some(Ok(History {
+                    revision: 500,
+                    compacted: true,
+                }));
+            },
+            Expect {
+                action: Some(defrag(1)),
+                rule: "etcd-space.defragment",
+                condition: Some(("False", "RecoveringFromNoSpace")),
             },
         ),
         (
@@ -453,6 +497,7 @@ fn table() {
 fn a_refusal_is_a_warning_with_the_numbers_and_a_wait_for_a_membership_change_is_normal() {
     let mut w = world();
     sized(&mut w, 1, 96, 96);
+    defragmented_now(&mut w, 1);
     nospace(&mut w, 1);
     w.etcd_history = Some(Ok(History {
         revision: 500,

@@ -334,9 +334,17 @@ async fn act_on_space(
     };
     let rule = &plan.rule;
     let started = Instant::now();
+    // What a defragmentation measured holds until the next compaction.
+    let cluster = format!(
+        "{}/{}",
+        world.kcp.namespace().unwrap_or_default(),
+        world.cluster_name.as_deref().unwrap_or_default()
+    );
+    let defragmented = || ctx.defragmented.lock().unwrap_or_else(|p| p.into_inner());
     let (reason, note) = match step {
         SpaceStep::Defragment { member, .. } => {
             let done = etcd.defragment(*member).await.map_err(failed)?;
+            defragmented().record(&cluster, *member, done.revision);
             ctx.metrics.etcd_operation("defragment", started.elapsed());
             (
                 "EtcdDefragmented",
@@ -362,6 +370,7 @@ async fn act_on_space(
         }
         SpaceStep::Compact { .. } => {
             let done = etcd.compact().await.map_err(failed)?;
+            defragmented().forget(&cluster);
             ctx.metrics.etcd_operation("compact", started.elapsed());
             let what = if done.already {
                 format!(

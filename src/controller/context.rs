@@ -114,6 +114,8 @@ pub struct Context {
     /// written once while CAPI has not copied it yet. Each control plane's
     /// pass prunes only its own entries.
     pub certificate_annotations: Mutex<super::written_annotations::WrittenAnnotations>,
+    /// The etcd members this process defragmented, by cluster.
+    pub defragmented: Mutex<super::defragmented::Defragmented>,
     /// Leadership moves started and not yet confirmed, by cluster.
     pub leadership_moves: super::etcd_leader_move::in_flight::LeadershipMoves,
     /// The k3s serving certificate probes, by Machine.
@@ -155,6 +157,7 @@ impl Context {
             secrets,
             leader,
             certificate_annotations: Mutex::new(Default::default()),
+            defragmented: Mutex::new(Default::default()),
             leadership_moves: Default::default(),
             k3s_serving: Default::default(),
         })
@@ -224,6 +227,10 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key);
         self.leadership_moves.forget_cluster(&key);
+        self.defragmented
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(&key);
         self.metrics.forget_cluster(&key);
     }
 

@@ -569,6 +569,7 @@ mod tests {
                     quota_source: crate::space::QuotaSource::Default,
                     problem: None,
                     nospace: false,
+                    measured: false,
                 })
                 .collect(),
             nospace,

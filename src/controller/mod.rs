@@ -10,6 +10,7 @@ pub mod cluster_secrets;
 pub mod context;
 pub mod contract_versions;
 pub mod create;
+pub mod defragmented;
 pub mod error;
 pub mod etcd_leader_move;
 pub mod etcd_pool;

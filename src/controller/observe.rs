@@ -259,6 +259,7 @@ pub async fn observe_management(
             member_missing_grace: ctx.settings.member_missing_grace,
             etcd_space: ctx.settings.etcd_space,
             etcd_history: None,
+            etcd_defragmented: Default::default(),
             now,
         };
         let read = ManagementRead {
@@ -351,6 +352,7 @@ pub async fn observe_management(
             member_missing_grace: ctx.settings.member_missing_grace,
             etcd_space: ctx.settings.etcd_space,
             etcd_history: None,
+            etcd_defragmented: Default::default(),
             now,
         },
         ManagementRead {
@@ -370,6 +372,7 @@ pub struct WorkloadObservation {
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
     etcd_history: Option<Result<crate::space::History, String>>,
+    etcd_defragmented: std::collections::BTreeMap<u64, i64>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     k3s_serving_certs: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
@@ -384,6 +387,7 @@ impl WorkloadObservation {
             etcd: world.etcd,
             etcd_transport: world.etcd_transport,
             etcd_history: world.etcd_history,
+            etcd_defragmented: world.etcd_defragmented,
             members_first_seen: world.members_first_seen,
             serving_certs: world.serving_certs,
             k3s_serving_certs: world.k3s_serving_certs,
@@ -397,6 +401,7 @@ impl WorkloadObservation {
         world.etcd = self.etcd;
         world.etcd_transport = self.etcd_transport;
         world.etcd_history = self.etcd_history;
+        world.etcd_defragmented = self.etcd_defragmented;
         world.members_first_seen = self.members_first_seen;
         world.serving_certs = self.serving_certs;
         world.k3s_serving_certs = self.k3s_serving_certs;
@@ -413,6 +418,7 @@ impl WorkloadObservation {
         };
         world.etcd_transport = None;
         world.etcd_history = None;
+        world.etcd_defragmented = Default::default();
         world.members_first_seen = Default::default();
         world.serving_certs = Default::default();
         world.k3s_serving_certs = Default::default();
@@ -716,6 +722,12 @@ async fn read_workload(
             snapshot.members.iter().map(|m| m.id),
             world.now,
         );
+        let listed: Vec<u64> = snapshot.members.iter().map(|m| m.id).collect();
+        world.etcd_defragmented = ctx
+            .defragmented
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .of(&format!("{namespace}/{cluster_name}"), &listed);
         // Seen in the handshakes the snapshot made: no connection of its own.
         if let Some(handle) = &handle {
             world.serving_certs = snapshot

@@ -67,11 +67,29 @@ fn management_change(world: &World) -> Option<String> {
         })
 }
 
+/// `snapshot` as the space rule sees it, each member marked measured when
+/// its revision is still the one it reported right after our last
+/// defragmentation of it (nothing written since).
+fn cluster_space(
+    world: &World,
+    snapshot: &crate::etcd::MembershipSnapshot,
+    quota: &ConfiguredQuota,
+) -> ClusterSpace {
+    let mut cluster = snapshot.space(quota);
+    for (space, member) in cluster.members.iter_mut().zip(&snapshot.members) {
+        space.measured = match (world.etcd_defragmented.get(&member.id), &member.status) {
+            (Some(at), Some(status)) => *at == status.revision,
+            _ => false,
+        };
+    }
+    cluster
+}
+
 /// The space of `world`'s etcd, when it was observed.
 pub fn etcd_space(world: &World) -> Option<EtcdSpace> {
     let snapshot = world.snapshot()?;
     let quota = configured_quota(world);
-    let mut cluster = snapshot.space(&quota);
+    let mut cluster = cluster_space(world, snapshot, &quota);
     cluster.history = world.etcd_history.clone();
     if cluster.busy.is_none() {
         cluster.busy = management_change(world);
@@ -91,8 +109,8 @@ pub fn etcd_space(world: &World) -> Option<EtcdSpace> {
 
 /// Whether the rule needs to know if the history is compacted: with space
 /// care on, under NOSPACE, a member over its limit holds more in use than
-/// its limit (so only a compaction can bring it under). Observation reads
-/// it then, and only then.
+/// its limit, or our defragmentation left it over (so only a compaction can
+/// bring it under). Observation reads it then, and only then.
 pub fn needs_history(world: &World) -> bool {
     if !world.etcd_space.care {
         return false;
@@ -100,11 +118,11 @@ pub fn needs_history(world: &World) -> bool {
     let Some(snapshot) = world.snapshot() else {
         return false;
     };
-    let cluster = snapshot.space(&configured_quota(world));
+    let cluster = cluster_space(world, snapshot, &configured_quota(world));
     let t = &world.etcd_space.thresholds;
     cluster.nospace
         && cluster.members.iter().any(|m| match (m.sizes, m.limit(t)) {
-            (Some(s), Some(limit)) => s.db_size > limit && s.in_use > limit,
+            (Some(s), Some(limit)) => s.db_size > limit && (s.in_use > limit || m.measured),
             _ => false,
         })
 }

@@ -76,6 +76,9 @@ pub struct World {
     /// Whether the history is compacted to the current revision, read only
     /// when the space rule needs it ([`super::space::needs_history`]).
     pub etcd_history: Option<Result<crate::space::History, String>>,
+    /// The members this process defragmented, with the revision each
+    /// reported right after ([`crate::space::MemberSpace::measured`]).
+    pub etcd_defragmented: std::collections::BTreeMap<u64, i64>,
     pub now: DateTime<Utc>,
 }
 

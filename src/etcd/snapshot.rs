@@ -256,6 +256,7 @@ impl MembershipSnapshot {
                     quota_source,
                     problem: h.unhealthy_reason(),
                     nospace: m.alarms.iter().any(|a| a == NOSPACE),
+                    measured: false,
                 }
             })
             .collect::<Vec<_>>();

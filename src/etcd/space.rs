@@ -25,6 +25,8 @@ pub struct Defragmented {
     pub id: u64,
     pub before: Option<Sizes>,
     pub after: Sizes,
+    /// The revision the member reported with `after`.
+    pub revision: i64,
     /// The defragmentation call alone.
     pub elapsed_ms: u128,
     /// Until the member served a linearizable read again, after the call.
@@ -131,6 +133,7 @@ impl EtcdCluster {
                 db_size: status.db_size.max(0) as u64,
                 in_use: status.db_size_in_use.max(0) as u64,
             },
+            revision: status.revision,
             elapsed_ms: elapsed.as_millis(),
             confirmed_ms: confirmed.elapsed().as_millis(),
         };
