@@ -33,8 +33,9 @@
 //! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...
 //! [--etcd-heartbeat-ms MS] [--workload-http]`
 //! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
-//! its window with `perf record`; `--controller-arg`: passed to the
-//! remediation controller's `run`, e.g. `--controller-arg=--max-chained-steps=0`;
+//! its window with `perf record`; `--controller-arg`: passed to every
+//! controller's `run` (the fleet's and the remediation's), e.g.
+//! `--controller-arg=--max-chained-steps=0` or `--controller-arg=--etcd-space-care`;
 //! `--etcd-heartbeat-ms`: the remediation world's etcd heartbeat, default 100,
 //! election timeout 15 times it: 165 members at 100 ms keep most of 2 cores
 //! busy while idle, which a real management cluster, whose workload etcd runs
@@ -722,6 +723,7 @@ async fn fleet(
     length: Duration,
     profile: Option<u64>,
     managed: bool,
+    controller_args: &[String],
 ) -> FleetRun {
     let management = management_server().await.expect("management server");
     let client = management.client();
@@ -746,7 +748,8 @@ async fn fleet(
 
     let done = all_reconciled(client.clone(), n, managed).await;
     let spawned = Instant::now();
-    let process = ControllerProcess::spawn(&management, READY_LIMIT).await;
+    let args: Vec<&str> = controller_args.iter().map(String::as_str).collect();
+    let process = ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await;
     let limit = Duration::from_secs(120 + n as u64);
     let all_done = match tokio::time::timeout(limit, done).await {
         Ok(done) => done.expect("KCP watch task"),
@@ -1491,7 +1494,7 @@ struct Options {
     remediation: bool,
     /// `run --concurrency` of the remediation controller (default: the binary's, 10).
     concurrency: Option<u16>,
-    /// Further `run` arguments of the remediation controller.
+    /// Further `run` arguments of every controller the bench starts.
     controller_args: Vec<String>,
     /// The remediation world's etcd heartbeat (ms).
     heartbeat_ms: u32,
@@ -1605,11 +1608,15 @@ fn main() {
                 let profile = (Some(&n) == o.fleets.iter().max())
                     .then_some(o.perf)
                     .flatten();
-                runs.push(fleet(n, &infos, &common, o.window, profile, true).await);
+                runs.push(
+                    fleet(n, &infos, &common, o.window, profile, true, &o.controller_args).await,
+                );
                 print_fleet(&runs, ticks);
             }
             for &n in &o.unmanaged {
-                runs.push(fleet(n, &infos, &common, o.window, None, false).await);
+                runs.push(
+                    fleet(n, &infos, &common, o.window, None, false, &o.controller_args).await,
+                );
                 print_fleet(&runs, ticks);
             }
             drop(etcd);
