@@ -54,6 +54,11 @@ pub struct Options {
     /// `Some(ns)`: it runs with `--namespace ns` and its roles are bound by
     /// RoleBindings in `ns` only, Secrets included.
     pub watch_namespace: Option<String>,
+    /// `None`: one Deployment ([`NAME`]) whose `--watch-filter` is the
+    /// `K3S_CONTROL_PLANE_WATCH_FILTER` variable. `Some(shards)`: one
+    /// Deployment per shard (see [`deployment::Shards`]), each with its own
+    /// filter value and Lease, sharing the CRDs, RBAC and webhook Service.
+    pub shards: Option<deployment::Shards>,
 }
 
 /// Every object of the components, in apply order (namespace, CRDs, RBAC,
@@ -75,7 +80,11 @@ pub fn objects(options: &Options) -> Vec<Value> {
         ..Default::default()
     }));
     objects.extend(role_objects(options, &namespace));
-    objects.push(to_value(deployment::deployment(options, &namespace)));
+    objects.extend(
+        deployment::deployments(options, &namespace)
+            .into_iter()
+            .map(to_value),
+    );
     for object in &mut objects {
         label(object);
     }
@@ -258,6 +267,7 @@ mod tests {
     fn namespace_scoped_components_bind_manager_and_secrets_in_that_namespace_only() {
         let objects = objects(&Options {
             watch_namespace: Some("tenant-a".into()),
+            ..Options::default()
         });
         // Only CRDs (cluster-scoped, read by name) are granted cluster-wide.
         let cluster_bindings: Vec<&str> = objects
