@@ -90,7 +90,13 @@ mod tests {
             wanted: wanted.into(),
             found: found.map(str::to_string),
         };
-        let cases: &[(&str, BTreeMap<String, String>, Option<&str>, Ownership)] = &[
+        type Case<'a> = (
+            &'a str,
+            BTreeMap<String, String>,
+            Option<&'a str>,
+            Ownership,
+        );
+        let cases: &[Case] = &[
             (
                 "no filter, no label: unsharded",
                 labels(&[]),
