@@ -626,8 +626,14 @@ fn three_shards_are_three_deployments_with_their_own_filter_and_lease_sharing_th
     // The shard's value is fixed: the watch-filter variable is not used.
     let text = components::render(&options);
     assert!(
-        !text.contains(&variables::WATCH_FILTER.placeholder()),
-        "a shard's filter is not a variable"
+        !text.contains(variables::WATCH_FILTER.name),
+        "a shard's filter is not a variable (nor listed as one)"
+    );
+    assert!(
+        text.contains(
+            "cluster.x-k8s.io/watch-filter=<value>, one of: k3s-shard-0, k3s-shard-1, k3s-shard-2"
+        ),
+        "the header says what to label"
     );
 }
 

@@ -173,9 +173,27 @@ pub fn render(options: &Options) -> String {
         REGENERATE_COMMAND,
     );
     for v in variables::ALL {
+        if options.shards.is_some() && v == variables::WATCH_FILTER {
+            // Each shard's value is fixed in its Deployment.
+            continue;
+        }
         out.push_str(&format!(
             "#   {} (default {:?}): {}\n",
             v.name, v.default, v.sets
+        ));
+    }
+    if let Some(shards) = &options.shards {
+        out.push_str(&format!(
+            "# Watch-filter shards: {} Deployments; label each Cluster and its KThreesControlPlane\n\
+             #   {}=<value>, one of: {}\n",
+            shards.count,
+            crate::api::names::WATCH_FILTER_LABEL,
+            shards
+                .list()
+                .iter()
+                .map(|s| s.watch_filter.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     for object in objects(options) {
