@@ -31,11 +31,14 @@
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
 //! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...
-//! [--etcd-heartbeat-ms MS] [--workload-http]`
-//! (needs etcd on PATH; `--perf`: profile the largest N's idle process after
-//! its window with `perf record`; `--controller-arg`: passed to every
-//! controller's `run` (the fleet's and the remediation's), e.g.
-//! `--controller-arg=--max-chained-steps=0` or `--controller-arg=--etcd-space-care`;
+//! [--etcd-heartbeat-ms MS] [--workload-http] [--sharded N]... [--shards S]`
+//! (needs etcd on PATH; `--sharded N`: N control planes labelled round-robin
+//! for S watch-filter shards (default 3), one `run --watch-filter` process
+//! each, measured per process over the same window; `--perf`: profile the
+//! largest N's idle process after its window with `perf record`;
+//! `--controller-arg`: passed to every controller's `run` (the fleet's, the
+//! shards' and the remediation's), e.g. `--controller-arg=--max-chained-steps=0`
+//! or `--controller-arg=--etcd-space-care`;
 //! `--etcd-heartbeat-ms`: the remediation world's etcd heartbeat, default 100,
 //! election timeout 15 times it: 165 members at 100 ms keep most of 2 cores
 //! busy while idle, which a real management cluster, whose workload etcd runs
@@ -61,7 +64,7 @@ use futures::{StreamExt, TryStreamExt};
 use k3s_control_plane::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
     K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, KCP_FINALIZER,
-    NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_ETCD_LABEL, SPEC_HASH_ANNOTATION,
+    NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_ETCD_LABEL, SPEC_HASH_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use k3s_control_plane::api::{Cluster, KThreesConfig, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
@@ -204,6 +207,7 @@ async fn add_cluster(
     i: usize,
     etcd: &EtcdInfo,
     managed: bool,
+    shard: Option<&str>,
 ) -> TestApiServer {
     let cluster = cluster_name(i);
     let kcp_name = format!("{cluster}-control-plane");
@@ -286,8 +290,16 @@ async fn add_cluster(
     }
 
     let clusters: Api<Cluster> = Api::namespaced(management.clone(), NAMESPACE);
+    let mut cluster_obj = cluster_object(&cluster, &kcp_name);
+    if let Some(shard) = shard {
+        // As clusterctl / ClusterClass would: the Cluster and its control
+        // plane carry the shard's watch-filter label.
+        cluster_obj
+            .labels_mut()
+            .insert(WATCH_FILTER_LABEL.to_string(), shard.to_string());
+    }
     let created_cluster = clusters
-        .create(&PostParams::default(), &cluster_object(&cluster, &kcp_name))
+        .create(&PostParams::default(), &cluster_obj)
         .await
         .expect("create Cluster");
     mark_infrastructure_provisioned(&clusters, &cluster)
@@ -308,6 +320,11 @@ async fn add_cluster(
     let kcps: Api<KThreesControlPlane> = Api::namespaced(management.clone(), NAMESPACE);
     let mut object = kcp_object(&kcp_name, &created_cluster, 3);
     object.metadata.finalizers = Some(vec![KCP_FINALIZER.to_string()]);
+    if let Some(shard) = shard {
+        object
+            .labels_mut()
+            .insert(WATCH_FILTER_LABEL.to_string(), shard.to_string());
+    }
     if !managed {
         // An external datastore: no etcd of ours to connect to.
         object.spec.external_datastore = Some(true);
@@ -549,9 +566,22 @@ async fn idle_window(
     workloads: &[TestApiServer],
     length: Duration,
 ) -> Window {
+    let refs: Vec<&TestApiServer> = workloads.iter().collect();
+    idle_window_refs(process, management, &refs, length).await
+}
+
+async fn idle_window_refs(
+    process: &ControllerProcess,
+    management: &TestApiServer,
+    workloads: &[&TestApiServer],
+    length: Duration,
+) -> Window {
     let conns0 = established_to_port(process.pid, ETCD_CLIENT_PORT);
     let metrics0 = process.metrics().await;
-    let (m0, w0) = (management.request_counts(), sum_counts(workloads));
+    let (m0, w0) = (
+        management.request_counts(),
+        sum_counts(workloads.iter().copied()),
+    );
     let ticks0 = process.cpu_ticks();
     let started = Instant::now();
     // Every connection, not only etcd's: one to a workload or the
@@ -576,7 +606,10 @@ async fn idle_window(
     }
     let ticks1 = process.cpu_ticks();
     let seconds = started.elapsed().as_secs_f64();
-    let (m1, w1) = (management.request_counts(), sum_counts(workloads));
+    let (m1, w1) = (
+        management.request_counts(),
+        sum_counts(workloads.iter().copied()),
+    );
     let metrics1 = process.metrics().await;
     let conns1 = established_to_port(process.pid, ETCD_CLIENT_PORT);
     let reconciles =
@@ -734,7 +767,7 @@ async fn fleet(
             async move {
                 (
                     i,
-                    add_cluster(&client, common, i, &etcd[i % etcd.len()], managed).await,
+                    add_cluster(&client, common, i, &etcd[i % etcd.len()], managed, None).await,
                 )
             }
         })
@@ -799,6 +832,349 @@ async fn fleet(
         window,
         quiet,
         cached_json,
+    }
+}
+
+/// The watch-filter value of shard `s`, as `components --shards` names them.
+fn shard_value(s: usize) -> String {
+    format!("k3s-shard-{s}")
+}
+
+/// The TCP port of a test API server's URL.
+fn port_of(server: &TestApiServer) -> u16 {
+    server
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("a port in the server's URL")
+}
+
+/// `--sharded N`: N control planes labelled round-robin for `shards`
+/// watch-filter shards, one `run` process per shard.
+struct ShardedRun {
+    n: usize,
+    shards: usize,
+    populate: Duration,
+    all_status_after: Duration,
+    /// Per shard: control planes labelled for it.
+    planes: Vec<usize>,
+    memory_at_status: Vec<(u64, u64)>,
+    reconciles_to_status: Vec<u64>,
+    /// Per shard, the idle window (its `workload` counts: its own clusters'
+    /// workload API servers only; `management`: the shared server, all shards).
+    windows: Vec<Window>,
+    /// The shared management server's requests over the windows, all shards.
+    management: Counts,
+    /// Control planes whose workload API server held connections from more
+    /// than one shard process at the end of the window (each shard connects
+    /// only to the workload clusters it reconciles), and from none.
+    by_two_or_more: usize,
+    by_none: usize,
+    /// Per shard: clusters it held a workload connection to that were not its own.
+    foreign: Vec<usize>,
+    /// Per shard, /metrics at the end: k3scp_shard_refusals_total and
+    /// k3scp_released_control_planes_total.
+    refusals: Vec<f64>,
+    released: Vec<f64>,
+    quiet: bool,
+}
+
+async fn sharded_fleet(
+    n: usize,
+    shards: usize,
+    etcd: &[EtcdInfo],
+    common: &CommonSecrets,
+    length: Duration,
+    controller_args: &[String],
+) -> ShardedRun {
+    let management = management_server().await.expect("management server");
+    let client = management.client();
+    let started = Instant::now();
+    let mut workloads: Vec<(usize, TestApiServer)> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                let shard = shard_value(i % shards);
+                (
+                    i,
+                    add_cluster(
+                        &client,
+                        common,
+                        i,
+                        &etcd[i % etcd.len()],
+                        true,
+                        Some(&shard),
+                    )
+                    .await,
+                )
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    workloads.sort_by_key(|(i, _)| *i);
+    let workloads: Vec<TestApiServer> = workloads.into_iter().map(|(_, w)| w).collect();
+    let populate = started.elapsed();
+    eprintln!(
+        "sharded N={n}: populated in {:.1} s",
+        populate.as_secs_f64()
+    );
+    let planes: Vec<usize> = (0..shards)
+        .map(|s| (0..n).filter(|i| i % shards == s).count())
+        .collect();
+
+    let done = all_reconciled(client.clone(), n, true).await;
+    let spawned = Instant::now();
+    let mut processes = Vec::new();
+    for s in 0..shards {
+        let filter = format!("--watch-filter={}", shard_value(s));
+        let lease = format!("--leader-election-lease-name=k3s-control-plane-shard-{s}");
+        let args: Vec<&str> = [filter.as_str(), lease.as_str()]
+            .into_iter()
+            .chain(controller_args.iter().map(String::as_str))
+            .collect();
+        processes.push(
+            ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await,
+        );
+    }
+    let limit = Duration::from_secs(120 + n as u64);
+    let all_done = match tokio::time::timeout(limit, done).await {
+        Ok(done) => done.expect("KCP watch task"),
+        Err(_) => panic!(
+            "sharded N={n}: not every KThreesControlPlane has a status within {limit:?}:\n{}",
+            processes
+                .iter()
+                .map(ControllerProcess::log_tail)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        ),
+    };
+    let all_status_after = all_done - spawned;
+    let memory_at_status: Vec<(u64, u64)> = processes.iter().map(|p| p.memory()).collect();
+    let mut reconciles_to_status = Vec::new();
+    for p in &processes {
+        reconciles_to_status.push(p.reconciles().await);
+    }
+    eprintln!(
+        "sharded N={n}: all have a status {:.2} s after the first spawn ({reconciles_to_status:?} reconciles); \
+         waiting for the first idle requeue round",
+        all_status_after.as_secs_f64()
+    );
+    tokio::time::sleep_until(all_done + IDLE_REQUEUE + ROUND_MARGIN).await;
+    let copied = capi_copies_certificate_expiry(&client).await;
+    eprintln!("sharded N={n}: CAPI's Machine controller copied {copied} certificate expiries");
+    let quiet = wait_quiet(Duration::from_secs(180)).await;
+    eprintln!(
+        "sharded N={n}: idle window of {} s, {shards} processes at once",
+        length.as_secs()
+    );
+    // Each window reads its own shard's workload servers.
+    let mut by_shard: Vec<Vec<usize>> = (0..shards).map(|_| Vec::new()).collect();
+    for i in 0..n {
+        by_shard[i % shards].push(i);
+    }
+    let m0 = management.request_counts();
+    let windows: Vec<Window> =
+        futures::future::join_all(processes.iter().enumerate().map(|(s, process)| {
+            let servers: Vec<&TestApiServer> = by_shard[s].iter().map(|&i| &workloads[i]).collect();
+            idle_window_of(process, &management, servers, length)
+        }))
+        .await;
+    let m1 = management.request_counts();
+    // Who holds connections to which workload API server.
+    // /proc writes 127.0.0.1 as 0100007F (little-endian hex).
+    let port_to_cluster: HashMap<String, usize> = workloads
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            assert!(w.url().contains("127.0.0.1"), "{}", w.url());
+            (format!("0100007F:{:04X}", port_of(w)), i)
+        })
+        .collect();
+    let mut holders: Vec<HashSet<usize>> = vec![HashSet::new(); n];
+    let mut foreign = vec![0; shards];
+    for (s, process) in processes.iter().enumerate() {
+        let mut seen = HashSet::new();
+        for (_, remote) in established(process.pid) {
+            if let Some(&i) = port_to_cluster.get(&remote)
+                && seen.insert(i)
+            {
+                holders[i].insert(s);
+                if i % shards != s {
+                    foreign[s] += 1;
+                }
+            }
+        }
+    }
+    let by_two_or_more = holders.iter().filter(|h| h.len() > 1).count();
+    let by_none = holders.iter().filter(|h| h.is_empty()).count();
+    let mut refusals = Vec::new();
+    let mut released = Vec::new();
+    for process in &processes {
+        let metrics = process.metrics().await;
+        refusals.push(
+            metrics
+                .get("k3scp_shard_refusals_total")
+                .copied()
+                .unwrap_or(f64::NAN),
+        );
+        released.push(
+            metrics
+                .get("k3scp_released_control_planes_total")
+                .copied()
+                .unwrap_or(f64::NAN),
+        );
+        let errors = process.log_lines_with("ERROR") + process.log_lines_with("WARN");
+        if errors > 0 {
+            eprintln!(
+                "sharded N={n}: {errors} WARN/ERROR log lines; last lines:\n{}",
+                process.log_tail()
+            );
+        }
+    }
+    for process in processes {
+        process.stop().await;
+    }
+    drop(workloads);
+    ShardedRun {
+        n,
+        shards,
+        populate,
+        all_status_after,
+        planes,
+        memory_at_status,
+        reconciles_to_status,
+        windows,
+        management: diff(&m1, &m0),
+        by_two_or_more,
+        by_none,
+        foreign,
+        refusals,
+        released,
+        quiet,
+    }
+}
+
+/// [`idle_window`] over the workload servers given by reference.
+async fn idle_window_of(
+    process: &ControllerProcess,
+    management: &TestApiServer,
+    workloads: Vec<&TestApiServer>,
+    length: Duration,
+) -> Window {
+    idle_window_refs(process, management, &workloads, length).await
+}
+
+fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetRun>, ticks: u64) {
+    println!();
+    println!(
+        "sharded: {} control planes across {} `run` processes (one per watch-filter shard, labels round-robin), \
+         managed etcd on {ETCD_CLUSTERS} shared 3-member TLS etcd clusters; populate {:.1} s; every control plane \
+         had a status {:.2} s after the first spawn{}",
+        r.n,
+        r.shards,
+        r.populate.as_secs_f64(),
+        r.all_status_after.as_secs_f64(),
+        if r.quiet {
+            ""
+        } else {
+            " (window NOT quiet: other builds ran)"
+        }
+    );
+    println!(
+        "| process | CPs | VmRSS at status | VmRSS / VmHWM end of window | MiB per CP beyond idle | idle mCPU | \
+         mCPU per CP beyond idle | reconciles in window (to status) | workload reads per reconcile | etcd conns | \
+         new etcd conns | foreign clusters held |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let idle_rss = idle.map(|e| mib(e.window.memory_end.0));
+    let idle_cpu = idle.map(|e| mcpu(&e.window, ticks));
+    let row = |name: String,
+               planes: usize,
+               at_status: f64,
+               w: &Window,
+               to_status: String,
+               foreign: String| {
+        let cpu = mcpu(w, ticks);
+        let per_mib = idle_rss.map_or("-".into(), |e| {
+            format!("{:.3}", (mib(w.memory_end.0) - e) / planes.max(1) as f64)
+        });
+        let per_mcpu = idle_cpu.map_or("-".into(), |e| {
+            format!("{:.3}", (cpu - e) / planes.max(1) as f64)
+        });
+        let wl = split(&w.workload);
+        let per_reconcile = if w.reconciles == 0 {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.2}",
+                (wl.reads + wl.watches + wl.writes) as f64 / w.reconciles as f64
+            )
+        };
+        println!(
+            "| {name} | {planes} | {at_status:.1} MiB | {:.1} / {:.1} MiB | {per_mib} | {cpu:.1} | {per_mcpu} | {} ({to_status}) | {per_reconcile} | {} -> {} | {} | {foreign} |",
+            mib(w.memory_end.0),
+            mib(w.memory_end.1),
+            w.reconciles,
+            w.etcd_at_start,
+            w.etcd_at_end,
+            w.etcd_new,
+        );
+    };
+    if let Some(single) = single {
+        row(
+            format!("single process (N={}, baseline)", single.n),
+            single.n,
+            mib(single.memory_at_status.0),
+            &single.window,
+            single.reconciles_to_status.to_string(),
+            "-".into(),
+        );
+    }
+    for (s, w) in r.windows.iter().enumerate() {
+        row(
+            format!("shard {s} (`{}`)", shard_value(s)),
+            r.planes[s],
+            mib(r.memory_at_status[s].0),
+            w,
+            r.reconciles_to_status[s].to_string(),
+            r.foreign[s].to_string(),
+        );
+    }
+    let reconciles: u64 = r.windows.iter().map(|w| w.reconciles).sum();
+    let m = split(&r.management);
+    let per = |x: u64| {
+        if reconciles == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", x as f64 / reconciles as f64)
+        }
+    };
+    println!(
+        "sharded N={}: management server, all shards over the window: {} reconciles; reads / watches / writes per idle reconcile {} / {} / {}; lease requests {}; [{}]",
+        r.n,
+        reconciles,
+        per(m.reads),
+        per(m.watches),
+        per(m.writes),
+        m.leases,
+        top(&r.management, 12)
+    );
+    println!(
+        "sharded N={}: control planes reconciled by two or more shards (workload API connections held by more than one process): {}; by none: {}; shard refusals {:?}, released {:?}",
+        r.n, r.by_two_or_more, r.by_none, r.refusals, r.released
+    );
+    for (s, w) in r.windows.iter().enumerate() {
+        println!(
+            "sharded N={} shard {s}: window {:.1} s; other TCP connections {} at the start, {} new; workload: [{}]; etcd operations: {:?}",
+            r.n,
+            w.seconds,
+            w.other_at_start,
+            w.other_new,
+            top(&w.workload, 6),
+            w.etcd_operations
+        );
     }
 }
 
@@ -1094,7 +1470,7 @@ async fn remediation(
     let workloads: Vec<TestApiServer> = futures::stream::iter(0..total)
         .map(|i| {
             let (client, info, common) = (client.clone(), &helpers.infos[i], &common);
-            async move { add_cluster(&client, common, i, info, true).await }
+            async move { add_cluster(&client, common, i, info, true, None).await }
         })
         .buffer_unordered(8)
         .collect()
@@ -1500,6 +1876,10 @@ struct Options {
     heartbeat_ms: u32,
     /// Seconds of `perf record` after the largest N's window.
     perf: Option<u64>,
+    /// `--sharded N`: fleets of N spread over `shards` processes.
+    sharded: Vec<usize>,
+    /// `--shards S` (default 3).
+    shards: usize,
 }
 
 fn options() -> Options {
@@ -1515,6 +1895,8 @@ fn options() -> Options {
         concurrency: None,
         controller_args: Vec::new(),
         heartbeat_ms: ETCD_HEARTBEAT_MS,
+        sharded: Vec::new(),
+        shards: 3,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1530,6 +1912,8 @@ fn options() -> Options {
             "--window" => o.window = Duration::from_secs(value("--window")),
             "--no-fleet" => o.fleet = false,
             "--unmanaged" => o.unmanaged.push(value("--unmanaged") as usize),
+            "--sharded" => o.sharded.push(value("--sharded") as usize),
+            "--shards" => o.shards = value("--shards") as usize,
             "--perf" => o.perf = Some(value("--perf")),
             "--remediation-concurrency" => {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
@@ -1549,7 +1933,7 @@ fn options() -> Options {
             ),
         }
     }
-    if o.fleets.is_empty() && o.unmanaged.is_empty() {
+    if o.fleets.is_empty() && o.unmanaged.is_empty() && o.sharded.is_empty() {
         o.fleets = vec![100, 300, 1000];
     }
     o
@@ -1609,15 +1993,44 @@ fn main() {
                     .then_some(o.perf)
                     .flatten();
                 runs.push(
-                    fleet(n, &infos, &common, o.window, profile, true, &o.controller_args).await,
+                    fleet(
+                        n,
+                        &infos,
+                        &common,
+                        o.window,
+                        profile,
+                        true,
+                        &o.controller_args,
+                    )
+                    .await,
                 );
                 print_fleet(&runs, ticks);
             }
             for &n in &o.unmanaged {
                 runs.push(
-                    fleet(n, &infos, &common, o.window, None, false, &o.controller_args).await,
+                    fleet(
+                        n,
+                        &infos,
+                        &common,
+                        o.window,
+                        None,
+                        false,
+                        &o.controller_args,
+                    )
+                    .await,
                 );
                 print_fleet(&runs, ticks);
+            }
+            for &n in &o.sharded {
+                let run =
+                    sharded_fleet(n, o.shards, &infos, &common, o.window, &o.controller_args).await;
+                // The single-process baseline beside it: the largest managed
+                // fleet of this run, if any.
+                let single = runs
+                    .iter()
+                    .filter(|r| r.managed && r.n > 0)
+                    .max_by_key(|r| r.n);
+                print_sharded(&run, runs.iter().find(|r| r.n == 0), single, ticks);
             }
             drop(etcd);
         }

@@ -394,6 +394,7 @@ fn rbac_is_narrow_no_wildcard_verbs_no_listing_secrets_leases_only_at_home() {
 fn namespace_scoped_components_grant_only_crd_reads_cluster_wide() {
     let options = Options {
         watch_namespace: Some("tenant-a".into()),
+        ..Options::default()
     };
     let docs = with_defaults(&options);
     // CRDs are cluster-scoped: reading one by name is all that is granted
@@ -502,5 +503,155 @@ fn the_conversion_webhook_is_wired_from_crd_to_pod() {
             &deployment["spec"]["template"]["metadata"]["labels"][key], value,
             "the Service selects the controller"
         );
+    }
+}
+
+fn args_of(deployment: &Value) -> k3s_control_plane::cli::run::RunArgs {
+    let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    RunCli::try_parse_from(&args)
+        .unwrap_or_else(|e| panic!("run rejects the shard's arguments {args:?}: {e}"))
+        .run
+}
+
+fn selector_labels(deployment: &Value) -> BTreeMap<String, String> {
+    deployment["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn pod_labels(deployment: &Value) -> BTreeMap<String, String> {
+    deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// A matchLabels selector selects a Pod when every pair is among its labels.
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn three_shards_are_three_deployments_with_their_own_filter_and_lease_sharing_the_rest() {
+    use k3s_control_plane::components::deployment::Shards;
+    let single = with_defaults(&Options::default());
+    let options = Options {
+        shards: Some(Shards {
+            count: 3,
+            prefix: "k3s-shard".into(),
+        }),
+        ..Options::default()
+    };
+    let docs = with_defaults(&options);
+    let deployments: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Deployment").collect();
+    let names: Vec<&str> = deployments
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "k3s-control-plane-shard-0",
+            "k3s-control-plane-shard-1",
+            "k3s-control-plane-shard-2"
+        ]
+    );
+    let mut filters = std::collections::BTreeSet::new();
+    let mut leases = std::collections::BTreeSet::new();
+    for (i, d) in deployments.iter().enumerate() {
+        let args = args_of(d);
+        assert!(args.leader_elect, "shard {i} elects among its replicas");
+        assert_eq!(d["spec"]["replicas"], 2, "shard {i}");
+        assert_eq!(
+            args.watch_filter.as_deref(),
+            Some(format!("k3s-shard-{i}").as_str())
+        );
+        filters.insert(args.watch_filter.clone().unwrap());
+        leases.insert(args.leader_election_lease_name.clone());
+        // Its own Pods, nobody else's: a Deployment's selector must not
+        // select another Deployment's Pods (they would fight over them).
+        for (j, other) in deployments.iter().enumerate() {
+            assert_eq!(
+                selects(&selector_labels(d), &pod_labels(other)),
+                i == j,
+                "shard {i}'s selector against shard {j}'s Pods"
+            );
+        }
+        // The anti-affinity spreads this shard's replicas.
+        assert_eq!(
+            d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+                [0]["podAffinityTerm"]["labelSelector"]["matchLabels"],
+            d["spec"]["selector"]["matchLabels"]
+        );
+    }
+    assert_eq!(filters.len(), 3, "filters unique: {filters:?}");
+    assert_eq!(leases.len(), 3, "leases unique: {leases:?}");
+    assert!(
+        !leases.contains("k3s-control-plane"),
+        "no shard takes the unsharded Lease: {leases:?}"
+    );
+    // The webhook Service selects every shard's Pods (stateless conversion).
+    let service = find(&docs, "Service", "k3s-control-plane-webhook-service");
+    let service_selector: BTreeMap<String, String> = service["spec"]["selector"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect();
+    for d in &deployments {
+        assert!(
+            selects(&service_selector, &pod_labels(d)),
+            "{}",
+            d["metadata"]["name"]
+        );
+    }
+    // Everything but the Deployments is as in the unsharded components.
+    let others = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| d["kind"] != "Deployment")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(others(&docs), others(&single));
+    // The shard's value is fixed: the watch-filter variable is not used.
+    let text = components::render(&options);
+    assert!(
+        !text.contains(variables::WATCH_FILTER.name),
+        "a shard's filter is not a variable (nor listed as one)"
+    );
+    assert!(
+        text.contains(
+            "cluster.x-k8s.io/watch-filter=<value>, one of: k3s-shard-0, k3s-shard-1, k3s-shard-2"
+        ),
+        "the header says what to label"
+    );
+}
+
+#[test]
+fn a_shard_prefix_that_makes_an_invalid_label_value_is_refused() {
+    use k3s_control_plane::components::deployment::Shards;
+    let shards = |prefix: &str| Shards {
+        count: 3,
+        prefix: prefix.into(),
+    };
+    assert_eq!(shards("k3s-shard").validate(), Ok(()));
+    for (prefix, why) in [
+        ("team a", "only alphanumerics"),
+        ("-x", "begin with an alphanumeric"),
+        (&"x".repeat(62), "longer than 63"),
+    ] {
+        let err = shards(prefix).validate().unwrap_err();
+        assert!(err.why.contains(why), "{prefix:?}: {err}");
+        assert!(err.to_string().contains("--shard-prefix"), "{err}");
     }
 }

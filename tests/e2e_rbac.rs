@@ -433,6 +433,7 @@ async fn namespace_scoped_components_bring_a_control_plane_up_with_only_crd_read
     init_logs();
     let options = Options {
         watch_namespace: Some(NAMESPACE.into()),
+        ..Options::default()
     };
     let objects = rbac_objects_for(&options);
     // CRDs are cluster-scoped: `get` on them (their contract labels) is the

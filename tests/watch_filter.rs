@@ -88,3 +88,72 @@ async fn only_labelled_control_planes_in_the_watched_namespace_are_reconciled() 
     assert!(status_of("team-b", "other-namespace").await.is_none());
     controller.stop().await;
 }
+
+/// A reconcile under way when its control plane is relabelled to another
+/// shard still holds the object as it was (labelled for this shard). The pass
+/// that is about to act (here: add our finalizer) reads the control plane
+/// first and refuses (rule `shard.not-ours`) without an error: nothing is
+/// written. (Our finalizer patch is also conditional on the resourceVersion,
+/// so without the check this call fails with a conflict; the Machine and etcd
+/// steps are not, see tests/e2e_shards.rs.) The same call with the label ours
+/// again does act.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_under_way_when_its_control_plane_moves_to_another_shard_writes_nothing() {
+    use k3s_control_plane::controller::reconcile::reconcile;
+    use k3s_control_plane::harness::sandbox::{KCP, NAMESPACE, cluster_object, kcp_object};
+    use kube::ResourceExt;
+    use kube::api::{Patch, PatchParams};
+    use std::sync::Arc;
+    k3s_control_plane::install_crypto_provider();
+    let server = management_server().await.unwrap();
+    let client = server.client();
+    let clusters: Api<k3s_control_plane::api::Cluster> = Api::namespaced(client.clone(), NAMESPACE);
+    let cluster = clusters
+        .create(&PostParams::default(), &cluster_object("c1", KCP))
+        .await
+        .unwrap();
+    let kcps: Api<KThreesControlPlane> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut object = kcp_object(KCP, &cluster, 3);
+    object
+        .labels_mut()
+        .insert(WATCH_FILTER_LABEL.into(), "shard-a".into());
+    let created = kcps.create(&PostParams::default(), &object).await.unwrap();
+    assert!(created.finalizers().is_empty());
+    let relabel = |value: &'static str| {
+        let kcps = kcps.clone();
+        async move {
+            kcps.patch(
+                KCP,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {WATCH_FILTER_LABEL: value}}})),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // Relabelled after shard a's watch delivered `created`.
+    relabel("shard-b").await;
+    let ctx = controller_context(
+        client.clone(),
+        Settings {
+            watch_filter: Some("shard-a".into()),
+            ..fast_settings()
+        },
+    );
+    reconcile(Arc::new(created.clone()), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(ctx.metrics.shard_refusals.get(), 1, "refused once");
+    assert_eq!(ctx.metrics.actions.get(), 0, "no action reached");
+    assert!(
+        kcps.get(KCP).await.unwrap().finalizers().is_empty(),
+        "the finalizer was added by a shard that no longer has the control plane"
+    );
+    // Control: labelled for shard a again, the same call on the object as it
+    // is now acts.
+    let current = relabel("shard-a").await;
+    reconcile(Arc::new(current), ctx.clone()).await.unwrap();
+    assert_eq!(ctx.metrics.actions.get(), 1);
+    assert!(!kcps.get(KCP).await.unwrap().finalizers().is_empty());
+    assert_eq!(ctx.metrics.shard_refusals.get(), 1);
+}

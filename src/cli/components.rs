@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::components::deployment::{DEFAULT_SHARD_PREFIX, Shards};
 use crate::components::{self, Options, variables};
 
 /// Arguments of `components`.
@@ -25,12 +26,30 @@ pub struct ComponentsArgs {
     /// its roles (Secrets included) are bound by RoleBindings there only.
     #[arg(long, value_name = "NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Watch-filter shards: one Deployment per shard
+    /// (`k3s-control-plane-shard-<i>`, i from 0), each running
+    /// `--watch-filter=<prefix>-<i>` under its own Lease; the CRDs, RBAC and
+    /// conversion webhook Service are shared. Label each Cluster and its
+    /// KThreesControlPlane `cluster.x-k8s.io/watch-filter=<prefix>-<i>`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub shards: Option<u32>,
+    /// The shards' watch-filter values are `<prefix>-<i>`.
+    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_SHARD_PREFIX, requires = "shards")]
+    pub shard_prefix: String,
 }
 
 pub fn run(args: ComponentsArgs) -> ExitCode {
     let options = Options {
         watch_namespace: args.watch_namespace,
+        shards: args.shards.map(|count| Shards {
+            count,
+            prefix: args.shard_prefix.clone(),
+        }),
     };
+    if let Some(Err(e)) = options.shards.as_ref().map(Shards::validate) {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
+    }
     if let Some(dir) = args.out {
         return match components::write_all(&dir, &options) {
             Ok(paths) => {

@@ -30,29 +30,126 @@ pub const MEMORY_LIMIT: &str = "1Gi";
 /// (bring-up, remediation) are short, so no CPU limit throttles them.
 pub const CPU_REQUEST: &str = "100m";
 
-/// The container's arguments: the placeholders clusterctl fills in, and
-/// `--namespace` when the components are scoped to one.
-pub fn args(options: &Options) -> Vec<String> {
+/// The default of `components --shard-prefix`.
+pub const DEFAULT_SHARD_PREFIX: &str = "k3s-shard";
+/// The Pod label telling one shard's Pods from another's (selector of each
+/// shard's Deployment and of its anti-affinity). Every shard's Pods also carry
+/// [`APP_LABEL`], which the conversion webhook Service selects: any shard's
+/// Pod may answer the (stateless) conversion.
+pub const SHARD_POD_LABEL: &str = "k3s-control-plane.cluster.x-k8s.io/shard";
+
+/// Watch-filter shards: `count` Deployments, shard `i` (from 0) running
+/// `--watch-filter=<prefix>-<i>` under the Lease `k3s-control-plane-shard-<i>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shards {
+    pub count: u32,
+    pub prefix: String,
+}
+
+/// A shard prefix that would make a label value Kubernetes refuses.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "components --shard-prefix {prefix:?}: the watch-filter value {value:?} is not a valid label value ({why})"
+)]
+pub struct ShardPrefixError {
+    pub prefix: String,
+    pub value: String,
+    pub why: &'static str,
+}
+
+/// One shard of [`Shards`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    /// The `cluster.x-k8s.io/watch-filter` value its control planes carry.
+    pub watch_filter: String,
+    /// Its Deployment's name, also its Lease's name and its Pods' shard label.
+    pub name: String,
+}
+
+impl Shards {
+    pub fn list(&self) -> Vec<Shard> {
+        (0..self.count)
+            .map(|index| Shard {
+                index,
+                watch_filter: format!("{}-{index}", self.prefix),
+                name: format!("{NAME}-shard-{index}"),
+            })
+            .collect()
+    }
+
+    /// Every shard's watch-filter value is a valid label value (at most 63
+    /// characters of alphanumerics, `-`, `_` and `.`, alphanumeric at both ends).
+    pub fn validate(&self) -> Result<(), ShardPrefixError> {
+        let last = self.count.saturating_sub(1);
+        let value = format!("{}-{last}", self.prefix);
+        let fail = |why| ShardPrefixError {
+            prefix: self.prefix.clone(),
+            value: value.clone(),
+            why,
+        };
+        if value.len() > 63 {
+            return Err(fail("longer than 63 characters"));
+        }
+        if !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(fail("only alphanumerics, '-', '_' and '.' are allowed"));
+        }
+        if !value.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            return Err(fail("it must begin with an alphanumeric character"));
+        }
+        Ok(())
+    }
+}
+
+/// The container's arguments: the placeholders clusterctl fills in,
+/// `--namespace` when the components are scoped to one, and for a shard its
+/// own watch-filter value and Lease instead of the variable.
+pub fn args(options: &Options, shard: Option<&Shard>) -> Vec<String> {
+    let filter = match shard {
+        Some(shard) => shard.watch_filter.clone(),
+        None => variables::WATCH_FILTER.placeholder(),
+    };
     let mut args = vec![
         "run".to_string(),
         "--log-json".to_string(),
         format!("--log-level={}", variables::LOG_LEVEL.placeholder()),
         format!("--concurrency={}", variables::CONCURRENCY.placeholder()),
-        format!("--watch-filter={}", variables::WATCH_FILTER.placeholder()),
+        format!("--watch-filter={filter}"),
         format!(
             "--etcd-transport={}",
             variables::ETCD_TRANSPORT.placeholder()
         ),
     ];
+    if let Some(shard) = shard {
+        args.push(format!("--leader-election-lease-name={}", shard.name));
+    }
     if let Some(ns) = &options.watch_namespace {
         args.push(format!("--namespace={ns}"));
     }
     args
 }
 
-pub fn deployment(options: &Options, namespace: &str) -> Deployment {
-    let labels =
+/// The controller's Deployments: one, or one per shard.
+pub fn deployments(options: &Options, namespace: &str) -> Vec<Deployment> {
+    match &options.shards {
+        None => vec![deployment(options, namespace, None)],
+        Some(shards) => shards
+            .list()
+            .iter()
+            .map(|shard| deployment(options, namespace, Some(shard)))
+            .collect(),
+    }
+}
+
+pub fn deployment(options: &Options, namespace: &str, shard: Option<&Shard>) -> Deployment {
+    let mut labels =
         std::collections::BTreeMap::from([(APP_LABEL.0.to_string(), APP_LABEL.1.to_string())]);
+    if let Some(shard) = shard {
+        labels.insert(SHARD_POD_LABEL.to_string(), shard.name.clone());
+    }
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector {
             field_path: path.to_string(),
@@ -73,7 +170,7 @@ pub fn deployment(options: &Options, namespace: &str) -> Deployment {
         name: "controller".into(),
         image: Some(variables::IMAGE.placeholder()),
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(args(options)),
+        args: Some(args(options, shard)),
         // POD_NAME: the Lease holder identity and the Events' reporting
         // instance; POD_NAMESPACE: where the Lease lives.
         env: Some(vec![
@@ -135,7 +232,7 @@ pub fn deployment(options: &Options, namespace: &str) -> Deployment {
         ..Default::default()
     };
     Deployment {
-        metadata: meta(NAME, Some(namespace)),
+        metadata: meta(shard.map_or(NAME, |s| s.name.as_str()), Some(namespace)),
         spec: DeploymentSpec {
             replicas: Some(REPLICAS),
             // The new Pod starts first; an old one stops only once it is Ready.

@@ -54,6 +54,11 @@ pub struct Options {
     /// `Some(ns)`: it runs with `--namespace ns` and its roles are bound by
     /// RoleBindings in `ns` only, Secrets included.
     pub watch_namespace: Option<String>,
+    /// `None`: one Deployment ([`NAME`]) whose `--watch-filter` is the
+    /// `K3S_CONTROL_PLANE_WATCH_FILTER` variable. `Some(shards)`: one
+    /// Deployment per shard (see [`deployment::Shards`]), each with its own
+    /// filter value and Lease, sharing the CRDs, RBAC and webhook Service.
+    pub shards: Option<deployment::Shards>,
 }
 
 /// Every object of the components, in apply order (namespace, CRDs, RBAC,
@@ -75,7 +80,11 @@ pub fn objects(options: &Options) -> Vec<Value> {
         ..Default::default()
     }));
     objects.extend(role_objects(options, &namespace));
-    objects.push(to_value(deployment::deployment(options, &namespace)));
+    objects.extend(
+        deployment::deployments(options, &namespace)
+            .into_iter()
+            .map(to_value),
+    );
     for object in &mut objects {
         label(object);
     }
@@ -164,9 +173,27 @@ pub fn render(options: &Options) -> String {
         REGENERATE_COMMAND,
     );
     for v in variables::ALL {
+        if options.shards.is_some() && v == variables::WATCH_FILTER {
+            // Each shard's value is fixed in its Deployment.
+            continue;
+        }
         out.push_str(&format!(
             "#   {} (default {:?}): {}\n",
             v.name, v.default, v.sets
+        ));
+    }
+    if let Some(shards) = &options.shards {
+        out.push_str(&format!(
+            "# Watch-filter shards: {} Deployments; label each Cluster and its KThreesControlPlane\n\
+             #   {}=<value>, one of: {}\n",
+            shards.count,
+            crate::api::names::WATCH_FILTER_LABEL,
+            shards
+                .list()
+                .iter()
+                .map(|s| s.watch_filter.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     for object in objects(options) {
@@ -258,6 +285,7 @@ mod tests {
     fn namespace_scoped_components_bind_manager_and_secrets_in_that_namespace_only() {
         let objects = objects(&Options {
             watch_namespace: Some("tenant-a".into()),
+            ..Options::default()
         });
         // Only CRDs (cluster-scoped, read by name) are granted cluster-wide.
         let cluster_bindings: Vec<&str> = objects

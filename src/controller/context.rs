@@ -37,8 +37,10 @@ pub struct Settings {
     pub member_missing_grace: Duration,
     /// How etcd members are reached (`run --etcd-transport`).
     pub etcd_transport: super::etcd_pool::TransportMode,
-    /// `run --watch-filter`: only control planes (and Clusters) labelled
-    /// `cluster.x-k8s.io/watch-filter=<value>` are reconciled.
+    /// `run --watch-filter`: only control planes labelled
+    /// `cluster.x-k8s.io/watch-filter=<value>` are reconciled (Clusters with
+    /// the label are served from the watch cache, others read); every acting
+    /// pass checks the label again first (`decision::shard`).
     pub watch_filter: Option<String>,
     /// `run --namespace`: only this namespace is watched.
     pub namespace: Option<String>,
@@ -210,8 +212,10 @@ impl Context {
     }
 
     /// Forget everything held for the workload cluster `namespace/cluster`
-    /// (its control plane is gone): pooled etcd connections, the workload
-    /// client, first-seen member times and its metric series. A deleted
+    /// (its control plane is gone, or moved to another shard): pooled etcd
+    /// connections, the workload client, cached Secrets, first-seen member
+    /// times, leadership moves, serving-certificate probes and its metric
+    /// series. A deleted
     /// cluster costs nothing afterwards.
     pub fn forget_cluster(&self, namespace: &str, cluster: &str) {
         self.etcd.drop_cluster(&super::etcd_pool::PoolKey {
@@ -231,6 +235,8 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .forget(&key);
+        // The k3s serving-certificate probe records of its Machines.
+        self.k3s_serving.retain(&key, &[]);
         self.metrics.forget_cluster(&key);
     }
 

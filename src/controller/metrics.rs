@@ -85,6 +85,16 @@ pub struct Metrics {
     /// Chained passes that decided on the workload cluster and etcd as the
     /// pass before observed them (its step touched neither).
     pub reused_workload_observations: Counter,
+    /// Acting passes that reached their action (a Machine created or
+    /// deleted, a hook written, an etcd step): what a shard did.
+    pub actions: Counter,
+    /// Acting passes refused because a read taken before acting showed the
+    /// control plane no longer carries this shard's watch-filter label
+    /// (rule `shard.not-ours`).
+    pub shard_refusals: Counter,
+    /// Control planes that left this process's watch (deleted, or relabelled
+    /// to another shard), whose connections, caches and series were dropped.
+    pub released_control_planes: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
@@ -128,6 +138,9 @@ impl Metrics {
             stale_cache_decisions: Counter::default(),
             chained_steps: Counter::default(),
             reused_workload_observations: Counter::default(),
+            actions: Counter::default(),
+            shard_refusals: Counter::default(),
+            released_control_planes: Counter::default(),
             errors: Family::default(),
             remediations: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
@@ -168,6 +181,21 @@ impl Metrics {
             "reused_workload_observations",
             "Chained passes that decided on the Nodes and etcd snapshot of the pass before, whose step touched neither",
             metrics.reused_workload_observations.clone(),
+        );
+        sub.register(
+            "actions",
+            "Acting passes that reached their one action (Machine created or deleted, hook written, etcd step)",
+            metrics.actions.clone(),
+        );
+        sub.register(
+            "shard_refusals",
+            "Acting passes refused because the control plane no longer carries this shard's watch-filter label (rule shard.not-ours)",
+            metrics.shard_refusals.clone(),
+        );
+        sub.register(
+            "released_control_planes",
+            "Control planes that left this process's watch (deleted or relabelled to another shard); what was held for them was dropped",
+            metrics.released_control_planes.clone(),
         );
         sub.register(
             "reconcile_errors",

@@ -27,7 +27,7 @@ pub mod written_annotations;
 
 use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -71,10 +71,23 @@ pub async fn run(
     // reads from (see `caches`) and triggers reconciles; objects are trimmed.
     let filtered = watch_config(ctx.settings.watch_filter.as_deref());
     let (kcp_store, kcp_writer) = reflector::store();
+    let releasing = ctx.clone();
     let kcp_stream = watcher(kcps, filtered.clone())
         .default_backoff()
         .modify(caches::trim)
         .reflect(kcp_writer)
+        .inspect_ok(move |event| {
+            // DELETED: gone, or (with a watch filter) relabelled out of this
+            // shard, as the API server reports an object that stops matching
+            // the selector. Nothing more is reconciled for it here.
+            if let watcher::Event::Delete(kcp) = event {
+                tracing::info!(
+                    kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()),
+                    "left this process's watch (deleted, or relabelled to another shard): released"
+                );
+                reconcile::release(&releasing, kcp);
+            }
+        })
         .applied_objects();
     let (machine_store, machine_writer) = reflector::store();
     let machine_stream = watcher(machines, watcher::Config::default())

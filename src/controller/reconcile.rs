@@ -82,6 +82,16 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
         }
         return Ok(Requeue::await_change());
     };
+    if let Some(reason) =
+        crate::decision::shard::ownership(current.labels(), ctx.settings.watch_filter.as_deref())
+            .reason()
+    {
+        // Read fresh and relabelled since the watch delivered it: the watch's
+        // DELETED follows; let go now.
+        info!(rule = crate::decision::shard::NOT_OURS_RULE, "{reason}");
+        release(ctx, &current);
+        return Ok(Requeue::await_change());
+    }
     let mut observed = observe_management(ctx, current.clone(), Source::Caches).await?;
     if let Some(cluster) = &observed.0.cluster_name {
         tracing::Span::current().record("cluster", cluster.as_str());
@@ -137,6 +147,53 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
             }
         }
     }
+}
+
+/// Let go of a control plane that left this process's watch (deleted, or
+/// relabelled to another shard): its pooled etcd connections, workload
+/// client, cached Secrets, written-annotation records and metric series.
+/// What the next owner needs is persisted on the objects (the hook values,
+/// the KThreesControlPlane's annotations), never here.
+pub fn release(ctx: &Context, kcp: &KThreesControlPlane) {
+    let namespace = kcp.namespace().unwrap_or_default();
+    ctx.forget_control_plane(&namespace, &kcp.name_any());
+    if let Some(cluster) = super::observe::cluster_name(kcp) {
+        ctx.forget_cluster(&namespace, &cluster);
+    }
+    ctx.reset_error_backoff(&format!("{namespace}/{}", kcp.name_any()));
+    ctx.metrics.released_control_planes.inc();
+}
+
+/// Still ours, asked on a read taken now, right before acting: a reconcile
+/// may have started on the object as it was before a relabel to another
+/// shard. `Some(reason)` when it is no longer ours (the refusal is counted,
+/// logged with its rule, and what was held for it released). Without a
+/// `--watch-filter` nothing is read: every control plane is ours.
+async fn left_this_shard(
+    ctx: &Context,
+    kcps: &Api<KThreesControlPlane>,
+    kcp: &KThreesControlPlane,
+    rule: &str,
+) -> Result<Option<String>> {
+    let Some(filter) = ctx.settings.watch_filter.as_deref() else {
+        return Ok(None);
+    };
+    let labels = match get_kcp(kcps, kcp).await? {
+        Some(now) => now.labels().clone(),
+        // Gone: nobody acts on it; the watch's DELETED releases it.
+        None => Default::default(),
+    };
+    let Some(reason) = crate::decision::shard::ownership(&labels, Some(filter)).reason() else {
+        return Ok(None);
+    };
+    ctx.metrics.shard_refusals.inc();
+    warn!(
+        rule = crate::decision::shard::NOT_OURS_RULE,
+        decided = rule,
+        "refusing to act: {reason}"
+    );
+    release(ctx, kcp);
+    Ok(Some(reason))
 }
 
 /// `kcp` as the API server has it now (`None`: gone).
@@ -226,6 +283,13 @@ async fn decide_and_act(
         {
             return Ok(Pass::Stale(Box::new(fresh)));
         }
+        if decision.acts()
+            && left_this_shard(ctx, kcps, kcp, &decision.rule())
+                .await?
+                .is_some()
+        {
+            return Ok(Pass::Done(Requeue::await_change()));
+        }
         return settle_lifecycle(ctx, kcps, &world, &decision)
             .await
             .map(Pass::Done);
@@ -274,6 +338,13 @@ async fn decide_and_act(
         && let Some(fresh) = fresh_if_changed(ctx, kcp, &read, &decision.rule()).await?
     {
         return Ok(Pass::Stale(Box::new(fresh)));
+    }
+    if decision.acts()
+        && left_this_shard(ctx, kcps, kcp, &decision.rule())
+            .await?
+            .is_some()
+    {
+        return Ok(Pass::Done(Requeue::await_change()));
     }
     act_on_plan(ctx, kcps, kcp, world, etcd, decision).await
 }
@@ -346,6 +417,9 @@ async fn act_on_plan(
         unreachable!("a proceeding decision has a plan or a refusal")
     };
     let handle = etcd.clone();
+    if decision.acts() {
+        ctx.metrics.actions.inc();
+    }
     let outcome = match act(ctx, &world, plan, etcd).await {
         Ok(outcome) => outcome,
         // A write conflict is an ordinary race: observed again, quietly.
@@ -442,6 +516,9 @@ async fn settle_lifecycle(
     record_etcd_space(ctx, world, None);
     let rule = decision.rule();
     tracing::Span::current().record("rule", rule.as_str());
+    if decision.acts() {
+        ctx.metrics.actions.inc();
+    }
     let applied = apply_lifecycle(ctx, world, lifecycle).await;
     if let (Lifecycle::Secrets { .. }, Some(cluster)) = (lifecycle, &world.cluster_name) {
         // What we wrote (or failed to) is read again next time.

@@ -8,6 +8,7 @@ pub mod contract_conditions;
 pub mod events;
 pub mod plan;
 pub mod record;
+pub mod shard;
 pub mod space;
 pub mod status;
 pub mod view;
