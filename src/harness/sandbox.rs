@@ -689,17 +689,12 @@ impl Sandbox {
         member: std::net::SocketAddr,
     ) -> Result<(), SandboxError> {
         use crate::api::names::ETCD_PROXY_NAMESPACE;
-        // As the DaemonSet controller names its pods: `<daemonset>-<5 chars>`.
-        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-        let suffix: String = super::etcd::random_suffix()
-            .bytes()
-            .take(5)
-            .map(|b| ALPHABET[usize::from(b) % ALPHABET.len()] as char)
-            .collect();
-        let name = format!("etcd-proxy-{suffix}");
         let pods: Api<Pod> = Api::namespaced(self.workload.client(), ETCD_PROXY_NAMESPACE);
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"app": "etcd-proxy"},
+            // As the DaemonSet controller names its pods: `generateName`
+            // `<daemonset>-`, the server adds 5 characters (never one taken;
+            // a suffix of our own once named two pods alike).
+            "metadata": {"generateName": "etcd-proxy-", "labels": {"app": "etcd-proxy"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "etcd-proxy",
                     "uid": "etcd-proxy-daemonset", "controller": true, "blockOwnerDeletion": true}]},
             "spec": {
@@ -714,9 +709,11 @@ impl Sandbox {
             }
         }))
         .map_err(|e| SandboxError(format!("etcd proxy pod: {e}")))?;
-        pods.create(&PostParams::default(), &pod)
+        let name = pods
+            .create(&PostParams::default(), &pod)
             .await
-            .map_err(err("create etcd proxy Pod"))?;
+            .map_err(err("create etcd proxy Pod"))?
+            .name_any();
         pods.patch_status(
             &name,
             &PatchParams::default(),
