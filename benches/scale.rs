@@ -811,11 +811,12 @@ async fn fleet(
     if let Some(seconds) = profile {
         perf_profile(process.pid, n, seconds);
     }
-    let errors = process.log_lines_with("ERROR") + process.log_lines_with("WARN");
-    if errors > 0 {
+    let errors = process.log_lines_matching(&["ERROR", "WARN"]);
+    if !errors.is_empty() {
         eprintln!(
-            "N={n}: {errors} WARN/ERROR log lines; last lines:\n{}",
-            process.log_tail()
+            "N={n}: {} WARN/ERROR log lines:\n{}",
+            errors.len(),
+            errors.join("\n")
         );
     }
     process.stop().await;
@@ -1025,11 +1026,12 @@ async fn sharded_fleet(
                 .copied()
                 .unwrap_or(f64::NAN),
         );
-        let errors = process.log_lines_with("ERROR") + process.log_lines_with("WARN");
-        if errors > 0 {
+        let errors = process.log_lines_matching(&["ERROR", "WARN"]);
+        if !errors.is_empty() {
             eprintln!(
-                "sharded N={n}: {errors} WARN/ERROR log lines; last lines:\n{}",
-                process.log_tail()
+                "sharded N={n}: {} WARN/ERROR log lines:\n{}",
+                errors.len(),
+                errors.join("\n")
             );
         }
     }

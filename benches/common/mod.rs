@@ -259,11 +259,17 @@ impl ControllerProcess {
 
     /// Lines of the log that contain `needle`.
     pub fn log_lines_with(&self, needle: &str) -> usize {
+        self.log_lines_matching(&[needle]).len()
+    }
+
+    /// The lines of the log that contain any of `needles`.
+    pub fn log_lines_matching(&self, needles: &[&str]) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains(needle))
-            .count()
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
+            .map(str::to_string)
+            .collect()
     }
 
     async fn wait_ready(&self, limit: Duration) {
