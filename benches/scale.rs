@@ -749,6 +749,35 @@ fn perf_profile(pid: u32, n: usize, seconds: u64) {
     }
 }
 
+/// Clusters `0..n` with their control planes and workload API servers, 16 at
+/// a time, each on etcd cluster `i % etcd.len()` and labelled for the shard
+/// `shard(i)` names (if any); the workload servers in cluster order.
+async fn populate_fleet(
+    client: &kube::Client,
+    n: usize,
+    etcd: &[EtcdInfo],
+    common: &CommonSecrets,
+    managed: bool,
+    shard: impl Fn(usize) -> Option<String>,
+) -> Vec<TestApiServer> {
+    let mut workloads: Vec<(usize, TestApiServer)> = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let shard = shard(i);
+            async move {
+                let etcd = &etcd[i % etcd.len()];
+                let workload =
+                    add_cluster(&client, common, i, etcd, managed, shard.as_deref()).await;
+                (i, workload)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    workloads.sort_by_key(|(i, _)| *i);
+    workloads.into_iter().map(|(_, w)| w).collect()
+}
+
 async fn fleet(
     n: usize,
     etcd: &[EtcdInfo],
@@ -761,21 +790,7 @@ async fn fleet(
     let management = management_server().await.expect("management server");
     let client = management.client();
     let started = Instant::now();
-    let mut workloads: Vec<(usize, TestApiServer)> = futures::stream::iter(0..n)
-        .map(|i| {
-            let client = client.clone();
-            async move {
-                (
-                    i,
-                    add_cluster(&client, common, i, &etcd[i % etcd.len()], managed, None).await,
-                )
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    workloads.sort_by_key(|(i, _)| *i);
-    let workloads: Vec<TestApiServer> = workloads.into_iter().map(|(_, w)| w).collect();
+    let workloads = populate_fleet(&client, n, etcd, common, managed, |_| None).await;
     let populate = started.elapsed();
     eprintln!("N={n}: populated in {:.1} s", populate.as_secs_f64());
 
@@ -892,30 +907,10 @@ async fn sharded_fleet(
     let management = management_server().await.expect("management server");
     let client = management.client();
     let started = Instant::now();
-    let mut workloads: Vec<(usize, TestApiServer)> = futures::stream::iter(0..n)
-        .map(|i| {
-            let client = client.clone();
-            async move {
-                let shard = shard_value(i % shards);
-                (
-                    i,
-                    add_cluster(
-                        &client,
-                        common,
-                        i,
-                        &etcd[i % etcd.len()],
-                        true,
-                        Some(&shard),
-                    )
-                    .await,
-                )
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    workloads.sort_by_key(|(i, _)| *i);
-    let workloads: Vec<TestApiServer> = workloads.into_iter().map(|(_, w)| w).collect();
+    let workloads = populate_fleet(&client, n, etcd, common, true, |i| {
+        Some(shard_value(i % shards))
+    })
+    .await;
     let populate = started.elapsed();
     eprintln!(
         "sharded N={n}: populated in {:.1} s",

@@ -786,6 +786,14 @@ mod tests {
         }
     }
 
+    /// The history read: revision 4321, compacted to it or not.
+    fn history_at_4321(compacted: bool) -> Option<Result<History, String>> {
+        Some(Ok(History {
+            revision: 4321,
+            compacted,
+        }))
+    }
+
     /// Sized by our defragmentation, nothing written since.
     fn measured(mut m: MemberSpace) -> MemberSpace {
         m.measured = true;
@@ -1015,10 +1023,7 @@ mod tests {
             full(member(2, 100 * MIB, 95 * MIB)),
             member(3, 50 * MIB, 40 * MIB),
         ]);
-        c.history = Some(Ok(History {
-            revision: 4321,
-            compacted: false,
-        }));
+        c.history = history_at_4321(false);
         let d = decide(&c, &t());
         assert_eq!(
             step(&d),
@@ -1045,10 +1050,7 @@ mod tests {
             full(member(2, 100 * MIB, 92 * MIB)),
             member(3, 50 * MIB, 40 * MIB),
         ]);
-        c.history = Some(Ok(History {
-            revision: 4321,
-            compacted: true,
-        }));
+        c.history = history_at_4321(true);
         let d = decide(&c, &t());
         assert_eq!(
             step(&d),
@@ -1073,10 +1075,7 @@ mod tests {
             full(member(2, 96 * MIB, 96 * MIB - 8 * 1024)),
             member(3, 50 * MIB, 40 * MIB),
         ]);
-        c.history = Some(Ok(History {
-            revision: 4321,
-            compacted: true,
-        }));
+        c.history = history_at_4321(true);
         let d = decide(&c, &t());
         assert_eq!(
             step(&d),
@@ -1097,10 +1096,7 @@ mod tests {
             measured(full(member(2, 91 * MIB, 89 * MIB))),
             member(3, 50 * MIB, 40 * MIB),
         ]);
-        c.history = Some(Ok(History {
-            revision: 4321,
-            compacted: false,
-        }));
+        c.history = history_at_4321(false);
         let d = decide(&c, &t());
         assert_eq!(
             step(&d),
@@ -1122,10 +1118,7 @@ mod tests {
             measured(full(member(2, 96 * MIB, 96 * MIB - 8 * 1024))),
             member(3, 50 * MIB, 40 * MIB),
         ]);
-        c.history = Some(Ok(History {
-            revision: 4321,
-            compacted: true,
-        }));
+        c.history = history_at_4321(true);
         let d = decide(&c, &t());
         assert!(
             matches!(

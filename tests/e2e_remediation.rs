@@ -121,19 +121,6 @@ fn remediation_for(machine: &k3s_control_plane::api::Machine) -> Option<serde_js
         .map(|v| serde_json::from_str(v).unwrap())
 }
 
-async fn wait_in_progress_cleared(sandbox: &Sandbox) {
-    sandbox
-        .wait_for("remediation-in-progress to be cleared", LIMIT, || async {
-            let kcp = kcp(sandbox).await;
-            match kcp.annotations().get(REMEDIATION_IN_PROGRESS_ANNOTATION) {
-                Some(v) => Err(format!("still annotated: {v}")),
-                None => Ok(()),
-            }
-        })
-        .await
-        .unwrap();
-}
-
 async fn wait_member_gone(
     sandbox: &Sandbox,
     admin: &k3s_control_plane::etcd::EtcdCluster,

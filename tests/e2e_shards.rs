@@ -151,16 +151,7 @@ async fn a_remediation_relabelled_to_another_shard_mid_way_is_finished_there_wit
 
     // Shard b finishes: the member goes, the Machine goes, a replacement
     // joins as a voter, remediation-in-progress is cleared.
-    drive(&mut sandbox, "hand-over", |all, (healthy, voters)| {
-        all.len() == 3
-            && all.iter().all(|m| m.name_any() != target)
-            && all
-                .iter()
-                .all(|m| !m.is_deleting() && m.node_name().is_some())
-            && healthy == 3
-            && voters == 3
-    })
-    .await;
+    drive(&mut sandbox, "hand-over", replaced(&target, 3)).await;
     wait_in_progress_cleared(&sandbox).await;
     let replacement = machines_now(&sandbox).await;
     assert!(
@@ -217,20 +208,6 @@ async fn a_remediation_relabelled_to_another_shard_mid_way_is_finished_there_wit
 
 async fn machines_now(sandbox: &Sandbox) -> Vec<String> {
     machine_names(sandbox).await
-}
-
-async fn wait_in_progress_cleared(sandbox: &Sandbox) {
-    use k3s_control_plane::api::names::REMEDIATION_IN_PROGRESS_ANNOTATION;
-    sandbox
-        .wait_for("remediation-in-progress to be cleared", LIMIT, || async {
-            let kcp = kcp(sandbox).await;
-            match kcp.annotations().get(REMEDIATION_IN_PROGRESS_ANNOTATION) {
-                Some(v) => Err(format!("still annotated: {v}")),
-                None => Ok(()),
-            }
-        })
-        .await
-        .unwrap();
 }
 
 /// The reconcile under way at the moment of the relabel, made deterministic:
@@ -314,15 +291,7 @@ async fn a_reconcile_under_way_at_the_relabel_takes_no_step_and_the_new_shard_fi
     drive(
         &mut sandbox,
         "hand-over after the refusal",
-        |all, (healthy, voters)| {
-            all.len() == 3
-                && all.iter().all(|m| m.name_any() != target)
-                && all
-                    .iter()
-                    .all(|m| !m.is_deleting() && m.node_name().is_some())
-                && healthy == 3
-                && voters == 3
-        },
+        replaced(&target, 3),
     )
     .await;
     wait_in_progress_cleared(&sandbox).await;

@@ -388,3 +388,28 @@ pub fn all_ready(n: usize) -> impl Fn(&[Machine], (usize, usize)) -> bool {
             && voters == n
     }
 }
+
+/// `n` Machines ready and voting, none of them `gone` (a remediated or
+/// removed Machine, replaced).
+pub fn replaced(gone: &str, n: usize) -> impl Fn(&[Machine], (usize, usize)) -> bool {
+    let ready = all_ready(n);
+    let gone = gone.to_string();
+    move |all, counts| all.iter().all(|m| m.name_any() != gone) && ready(all, counts)
+}
+
+/// The control plane's remediation-in-progress record cleared.
+pub async fn wait_in_progress_cleared(sandbox: &Sandbox) {
+    sandbox
+        .wait_for("remediation-in-progress to be cleared", LIMIT, || async {
+            let kcp = kcp(sandbox).await;
+            match kcp
+                .annotations()
+                .get(k3s_control_plane::api::names::REMEDIATION_IN_PROGRESS_ANNOTATION)
+            {
+                Some(v) => Err(format!("still annotated: {v}")),
+                None => Ok(()),
+            }
+        })
+        .await
+        .unwrap();
+}
