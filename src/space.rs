@@ -226,6 +226,26 @@ pub fn slack(sizes: &Sizes) -> u64 {
     (64 * 1024).max(sizes.db_size / 100)
 }
 
+/// What our defragmentation of a member measured: the revision it reported
+/// right after, and whether the history was known to be compacted then.
+/// Its sizes are measured while its revision is the same and no compaction
+/// came since (ours forgets; one seen in the history read counts too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Defragmentation {
+    pub revision: i64,
+    pub history_compacted: bool,
+}
+
+impl Defragmentation {
+    /// Whether a member at `revision`, with the history as `history` reads
+    /// it (if read), still has the sizes this defragmentation left.
+    pub fn still_measures(&self, revision: i64, history: Option<&History>) -> bool {
+        let compacted_since = history.is_some_and(|h| h.compacted) && !self.history_compacted;
+        self.revision == revision && !compacted_since
+    }
+}
+
 /// Whether the keyspace history is compacted up to the current revision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -1059,6 +1079,29 @@ mod tests {
                 label: "cp-2".into()
             }),
             "{d}"
+        );
+    }
+
+    #[test]
+    fn a_defragmentation_measures_until_a_write_or_a_compaction() {
+        let done = |history_compacted| Defragmentation {
+            revision: 40,
+            history_compacted,
+        };
+        let history = |compacted| History {
+            revision: 40,
+            compacted,
+        };
+        assert!(done(false).still_measures(40, None), "nothing since");
+        assert!(done(false).still_measures(40, Some(&history(false))));
+        assert!(!done(false).still_measures(41, None), "a write since");
+        assert!(
+            !done(false).still_measures(40, Some(&history(true))),
+            "the history compacted since (by a person or another tool)"
+        );
+        assert!(
+            done(true).still_measures(40, Some(&history(true))),
+            "compacted before"
         );
     }
 

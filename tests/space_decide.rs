@@ -12,7 +12,7 @@ use k3s_control_plane::decision::plan::Action;
 use k3s_control_plane::decision::world::{EtcdObservation, WorkloadState, World};
 use k3s_control_plane::decision::{Decision, decide, decide_lifecycle};
 use k3s_control_plane::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
-use k3s_control_plane::space::{History, SpaceSettings, SpaceStep, Thresholds};
+use k3s_control_plane::space::{Defragmentation, History, SpaceSettings, SpaceStep, Thresholds};
 use k3s_control_plane::workload::ControlPlaneNode;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -183,7 +183,14 @@ fn sized(w: &mut World, i: usize, db: i64, in_use: i64) {
 fn defragmented_now(w: &mut World, i: usize) {
     let member = &snapshot(w).members[i];
     let (id, revision) = (member.id, member.status.as_ref().unwrap().revision);
-    w.etcd_defragmented.insert(id, revision);
+    let history_compacted = matches!(&w.etcd_history, Some(Ok(h)) if h.compacted);
+    w.etcd_defragmented.insert(
+        id,
+        Defragmentation {
+            revision,
+            history_compacted,
+        },
+    );
 }
 
 /// NOSPACE raised against member `i`: listed against it, reported by all.
@@ -362,12 +369,12 @@ fn table() {
             "NOSPACE whose live data fills the quota even compacted: refused with the numbers",
             |w| {
                 sized(w, 1, 96, 96);
-                defragmented_now(w, 1);
                 nospace(w, 1);
                 w.etcd_history = Some(Ok(History {
                     revision: 500,
                     compacted: true,
                 }));
+                defragmented_now(w, 1);
             },
             Expect {
                 action: None,
@@ -396,8 +403,27 @@ fn table() {
             |w| {
                 sized(w, 1, 96, 96);
                 defragmented_now(w, 1);
-                w.etcd_defragmented.values_mut().for_each(|r| *r -= 1);
+                w.etcd_defragmented
+                    .values_mut()
+                    .for_each(|d| d.revision -= 1);
                 nospace(w, 1);
+                w.etcd_history = Some(Ok(History {
+                    revision: 500,
+                    compacted: true,
+                }));
+            },
+            Expect {
+                action: Some(defrag(1)),
+                rule: "etcd-space.defragment",
+                condition: Some(("False", "RecoveringFromNoSpace")),
+            },
+        ),
+        (
+            "NOSPACE, defragmented by us, then the history compacted (by a person): not measured now, defragment again",
+            |w| {
+                sized(w, 1, 96, 96);
+                nospace(w, 1);
+                defragmented_now(w, 1);
                 w.etcd_history = Some(Ok(History {
                     revision: 500,
                     compacted: true,
@@ -497,12 +523,12 @@ fn table() {
 fn a_refusal_is_a_warning_with_the_numbers_and_a_wait_for_a_membership_change_is_normal() {
     let mut w = world();
     sized(&mut w, 1, 96, 96);
-    defragmented_now(&mut w, 1);
     nospace(&mut w, 1);
     w.etcd_history = Some(Ok(History {
         revision: 500,
         compacted: true,
     }));
+    defragmented_now(&mut w, 1);
     let d = decided(&w);
     let event = d.event().expect("a blocked space rule is announced");
     assert_eq!(

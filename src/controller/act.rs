@@ -344,7 +344,15 @@ async fn act_on_space(
     let (reason, note) = match step {
         SpaceStep::Defragment { member, .. } => {
             let done = etcd.defragment(*member).await.map_err(failed)?;
-            defragmented().record(&cluster, *member, done.revision);
+            let history_compacted = matches!(&world.etcd_history, Some(Ok(h)) if h.compacted);
+            defragmented().record(
+                &cluster,
+                *member,
+                crate::space::Defragmentation {
+                    revision: done.revision,
+                    history_compacted,
+                },
+            );
             ctx.metrics.etcd_operation("defragment", started.elapsed());
             (
                 "EtcdDefragmented",

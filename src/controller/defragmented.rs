@@ -6,21 +6,23 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Member id -> the revision it reported right after we defragmented it, per
-/// cluster (`namespace/cluster`).
+use crate::space::Defragmentation;
+
+/// Member id -> what we measured when we defragmented it, per cluster
+/// (`namespace/cluster`).
 #[derive(Debug, Default)]
-pub struct Defragmented(HashMap<String, BTreeMap<u64, i64>>);
+pub struct Defragmented(HashMap<String, BTreeMap<u64, Defragmentation>>);
 
 impl Defragmented {
-    pub fn record(&mut self, cluster: &str, member: u64, revision: i64) {
+    pub fn record(&mut self, cluster: &str, member: u64, done: Defragmentation) {
         self.0
             .entry(cluster.to_string())
             .or_default()
-            .insert(member, revision);
+            .insert(member, done);
     }
 
     /// What is recorded for `cluster`, keeping only the members still listed.
-    pub fn of(&mut self, cluster: &str, members: &[u64]) -> BTreeMap<u64, i64> {
+    pub fn of(&mut self, cluster: &str, members: &[u64]) -> BTreeMap<u64, Defragmentation> {
         let Some(known) = self.0.get_mut(cluster) else {
             return BTreeMap::new();
         };
@@ -43,19 +45,26 @@ impl Defragmented {
 mod tests {
     use super::*;
 
+    fn at(revision: i64) -> Defragmentation {
+        Defragmentation {
+            revision,
+            history_compacted: false,
+        }
+    }
+
     #[test]
     fn a_member_no_longer_listed_is_forgotten_and_a_compaction_forgets_all() {
         let mut d = Defragmented::default();
-        d.record("ns/a", 1, 40);
-        d.record("ns/a", 2, 40);
-        d.record("ns/b", 1, 7);
-        assert_eq!(d.of("ns/a", &[2, 3]), BTreeMap::from([(2, 40)]));
-        assert_eq!(d.of("ns/a", &[1, 2]), BTreeMap::from([(2, 40)]));
+        d.record("ns/a", 1, at(40));
+        d.record("ns/a", 2, at(40));
+        d.record("ns/b", 1, at(7));
+        assert_eq!(d.of("ns/a", &[2, 3]), BTreeMap::from([(2, at(40))]));
+        assert_eq!(d.of("ns/a", &[1, 2]), BTreeMap::from([(2, at(40))]));
         d.forget("ns/a");
         assert!(d.of("ns/a", &[1, 2]).is_empty());
         assert_eq!(
             d.of("ns/b", &[1]),
-            BTreeMap::from([(1, 7)]),
+            BTreeMap::from([(1, at(7))]),
             "another cluster's kept"
         );
         assert!(d.of("ns/b", &[]).is_empty());

@@ -372,7 +372,7 @@ pub struct WorkloadObservation {
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
     etcd_history: Option<Result<crate::space::History, String>>,
-    etcd_defragmented: std::collections::BTreeMap<u64, i64>,
+    etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     k3s_serving_certs: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,

@@ -69,16 +69,21 @@ fn management_change(world: &World) -> Option<String> {
 
 /// `snapshot` as the space rule sees it, each member marked measured when
 /// its revision is still the one it reported right after our last
-/// defragmentation of it (nothing written since).
+/// defragmentation of it (nothing written since) and no compaction came
+/// after it.
 fn cluster_space(
     world: &World,
     snapshot: &crate::etcd::MembershipSnapshot,
     quota: &ConfiguredQuota,
 ) -> ClusterSpace {
     let mut cluster = snapshot.space(quota);
+    let history = match &world.etcd_history {
+        Some(Ok(h)) => Some(h),
+        _ => None,
+    };
     for (space, member) in cluster.members.iter_mut().zip(&snapshot.members) {
         space.measured = match (world.etcd_defragmented.get(&member.id), &member.status) {
-            (Some(at), Some(status)) => *at == status.revision,
+            (Some(done), Some(status)) => done.still_measures(status.revision, history),
             _ => false,
         };
     }

@@ -78,7 +78,7 @@ pub struct World {
     pub etcd_history: Option<Result<crate::space::History, String>>,
     /// The members this process defragmented, with the revision each
     /// reported right after ([`crate::space::MemberSpace::measured`]).
-    pub etcd_defragmented: std::collections::BTreeMap<u64, i64>,
+    pub etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
     pub now: DateTime<Utc>,
 }
 
