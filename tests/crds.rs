@@ -312,6 +312,13 @@ fn each_validator_rule_has_a_cel_rule_naming_its_field() {
             Rule::RolloutTypeRollingUpdate => "'RollingUpdate'",
             Rule::VersionNoDowngrade => "oldSelf.contains('-')",
             Rule::VersionNoMinorSkip => "+ 1",
+            Rule::EtcdBackupOneTarget => "has(self.s3) != has(self.filesystem)",
+            Rule::EtcdBackupS3EndpointAndBucket => "self.bucket != ''",
+            Rule::EtcdBackupFilesystemPathAbsolute => "startsWith('/')",
+            Rule::EtcdBackupScheduleShape => "self.matches(",
+            Rule::EtcdBackupRetentionCountAtLeastOne
+            | Rule::EtcdBackupSnapshotTimeoutAtLeastOne => ">= 1",
+            Rule::EtcdBackupRetentionMaxAgeAtLeastAMinute => ">= 60",
         };
         let names_field = |m: &str| m.starts_with(&prefix) || m.contains(&format!("'{prefix}"));
         let matching: Vec<_> = rules

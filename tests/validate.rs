@@ -9,6 +9,9 @@ mod docker_support;
 use k3s_control_plane::api::kcp::{
     KThreesControlPlaneRemediation, MachineReadinessGate, VERSION_MAX_LENGTH,
 };
+use k3s_control_plane::api::etcd_backup::{
+    BackupTarget, EtcdBackup, FilesystemBackupTarget, S3BackupTarget,
+};
 use k3s_control_plane::api::refs::ContractVersionedObjectReference;
 use k3s_control_plane::api::validate::Rule;
 use k3s_control_plane::api::{
@@ -31,6 +34,7 @@ fn good() -> KThreesControlPlane {
             remediation: Default::default(),
             machine_naming: Default::default(),
             external_datastore: None,
+            etcd_backup: None,
         },
     );
     kcp.spec.machine_template.spec.infrastructure_ref = ContractVersionedObjectReference {
@@ -70,6 +74,22 @@ fn max_surge(kcp: &mut KThreesControlPlane, value: IntOrString) {
 
 fn rollout_type(kcp: &mut KThreesControlPlane, value: &str) {
     kcp.spec.rollout.strategy.type_ = Some(value.into());
+}
+
+fn s3_backup() -> EtcdBackup {
+    EtcdBackup {
+        target: BackupTarget {
+            s3: Some(S3BackupTarget {
+                endpoint: "s3.example.com".into(),
+                bucket: "snapshots".into(),
+                folder: Some("cluster-a".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        schedule: Some("0 */12 * * *".into()),
+        ..Default::default()
+    }
 }
 
 type Case = (&'static str, fn(&mut KThreesControlPlane), &'static [Rule]);
@@ -312,6 +332,90 @@ fn cases() -> Vec<Case> {
             "machine_naming_without_random",
             |k| k.spec.machine_naming.template = Some("{{ .kthreesControlPlane.name }}-cp".into()),
             &[Rule::MachineNamingHasRandom],
+        ),
+        (
+            "etcd_backup_to_s3_on_a_schedule",
+            |k| k.spec.etcd_backup = Some(s3_backup()),
+            &[],
+        ),
+        (
+            "etcd_backup_to_a_filesystem_path",
+            |k| {
+                k.spec.etcd_backup = Some(EtcdBackup {
+                    target: BackupTarget {
+                        filesystem: Some(FilesystemBackupTarget {
+                            path: "/var/lib/k3scp/snapshots".into(),
+                        }),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+            },
+            &[],
+        ),
+        (
+            "etcd_backup_without_a_target",
+            |k| k.spec.etcd_backup = Some(EtcdBackup::default()),
+            &[Rule::EtcdBackupOneTarget],
+        ),
+        (
+            "etcd_backup_with_two_targets",
+            |k| {
+                let mut backup = s3_backup();
+                backup.target.filesystem = Some(FilesystemBackupTarget {
+                    path: "/snapshots".into(),
+                });
+                k.spec.etcd_backup = Some(backup);
+            },
+            &[Rule::EtcdBackupOneTarget],
+        ),
+        (
+            "etcd_backup_s3_without_a_bucket",
+            |k| {
+                let mut backup = s3_backup();
+                backup.target.s3.as_mut().unwrap().bucket = String::new();
+                k.spec.etcd_backup = Some(backup);
+            },
+            &[Rule::EtcdBackupS3EndpointAndBucket],
+        ),
+        (
+            "etcd_backup_to_a_relative_path",
+            |k| {
+                k.spec.etcd_backup = Some(EtcdBackup {
+                    target: BackupTarget {
+                        filesystem: Some(FilesystemBackupTarget {
+                            path: "snapshots".into(),
+                        }),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+            },
+            &[Rule::EtcdBackupFilesystemPathAbsolute],
+        ),
+        (
+            "etcd_backup_schedule_of_four_fields",
+            |k| {
+                let mut backup = s3_backup();
+                backup.schedule = Some("0 */12 * *".into());
+                k.spec.etcd_backup = Some(backup);
+            },
+            &[Rule::EtcdBackupScheduleShape],
+        ),
+        (
+            "etcd_backup_keeping_none_for_no_time_with_no_time_to_take_one",
+            |k| {
+                let mut backup = s3_backup();
+                backup.retention.count = Some(0);
+                backup.retention.max_age_seconds = Some(59);
+                backup.snapshot_timeout_seconds = Some(0);
+                k.spec.etcd_backup = Some(backup);
+            },
+            &[
+                Rule::EtcdBackupRetentionCountAtLeastOne,
+                Rule::EtcdBackupRetentionMaxAgeAtLeastAMinute,
+                Rule::EtcdBackupSnapshotTimeoutAtLeastOne,
+            ],
         ),
         (
             "empty_rollout_strategy",

@@ -191,6 +191,10 @@ pub struct KThreesControlPlaneSpec {
     /// label or annotations): then etcd is managed as usual. Our addition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_datastore: Option<bool>,
+    /// etcd snapshots before every member removal and on a schedule, into
+    /// a target named here. Our addition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_backup: Option<super::etcd_backup::EtcdBackup>,
 }
 
 pub(crate) fn default_replicas() -> Option<i32> {
@@ -445,6 +449,9 @@ pub struct KThreesControlPlaneStatus {
     /// `EtcdClusterHealthy` condition then says why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdQuorumStatus>,
+    /// The snapshots this controller took (`spec.etcdBackup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_backup: Option<super::etcd_backup::EtcdBackupStatus>,
     /// CAPI v1beta1-style fields kept for older readers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deprecated: Option<DeprecatedStatus>,

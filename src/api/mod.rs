@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod contract;
 pub mod conversion;
 pub mod crds;
+pub mod etcd_backup;
 pub mod kcp;
 pub mod machine;
 pub mod machine_naming;

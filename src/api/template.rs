@@ -59,6 +59,8 @@ pub struct KThreesControlPlaneTemplateResourceSpec {
     pub machine_naming: MachineNaming,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_datastore: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_backup: Option<super::etcd_backup::EtcdBackup>,
 }
 
 /// `spec.template.spec.machineTemplate`: in a ClusterClass the infrastructure

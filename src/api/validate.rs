@@ -56,6 +56,20 @@ pub enum Rule {
     ReadinessGatePolarity,
     /// `spec.machineNaming.template`, if set, contains `{{ .random }}`.
     MachineNamingHasRandom,
+    /// `spec.etcdBackup.target` names exactly one of `s3` and `filesystem`.
+    EtcdBackupOneTarget,
+    /// `spec.etcdBackup.target.s3` has an endpoint and a bucket.
+    EtcdBackupS3EndpointAndBucket,
+    /// `spec.etcdBackup.target.filesystem.path` is absolute.
+    EtcdBackupFilesystemPathAbsolute,
+    /// `spec.etcdBackup.schedule` has the shape of a 5-field cron expression.
+    EtcdBackupScheduleShape,
+    /// `spec.etcdBackup.retention.count` >= 1.
+    EtcdBackupRetentionCountAtLeastOne,
+    /// `spec.etcdBackup.retention.maxAgeSeconds` >= 60.
+    EtcdBackupRetentionMaxAgeAtLeastAMinute,
+    /// `spec.etcdBackup.snapshotTimeoutSeconds` >= 1.
+    EtcdBackupSnapshotTimeoutAtLeastOne,
     /// UPDATE only: `spec.version` does not go below the old one (see [`K3sVersion`]).
     VersionNoDowngrade,
     /// UPDATE only: `spec.version` moves at most one minor version up and keeps
@@ -64,7 +78,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 18] = [
+    pub const ALL: [Rule; 25] = [
         Rule::VersionFormat,
         Rule::ReplicasAtLeastOne,
         Rule::ReplicasOddWithEmbeddedEtcd,
@@ -81,6 +95,13 @@ impl Rule {
         Rule::NodeDeletionTimeoutNotNegative,
         Rule::ReadinessGatePolarity,
         Rule::MachineNamingHasRandom,
+        Rule::EtcdBackupOneTarget,
+        Rule::EtcdBackupS3EndpointAndBucket,
+        Rule::EtcdBackupFilesystemPathAbsolute,
+        Rule::EtcdBackupScheduleShape,
+        Rule::EtcdBackupRetentionCountAtLeastOne,
+        Rule::EtcdBackupRetentionMaxAgeAtLeastAMinute,
+        Rule::EtcdBackupSnapshotTimeoutAtLeastOne,
         Rule::VersionNoDowngrade,
         Rule::VersionNoMinorSkip,
     ];
@@ -115,6 +136,15 @@ impl Rule {
             }
             Rule::ReadinessGatePolarity => "spec.machineTemplate.spec.readinessGates[].polarity",
             Rule::MachineNamingHasRandom => "spec.machineNaming.template",
+            Rule::EtcdBackupOneTarget => "spec.etcdBackup.target",
+            Rule::EtcdBackupS3EndpointAndBucket => "spec.etcdBackup.target.s3",
+            Rule::EtcdBackupFilesystemPathAbsolute => "spec.etcdBackup.target.filesystem.path",
+            Rule::EtcdBackupScheduleShape => "spec.etcdBackup.schedule",
+            Rule::EtcdBackupRetentionCountAtLeastOne => "spec.etcdBackup.retention.count",
+            Rule::EtcdBackupRetentionMaxAgeAtLeastAMinute => {
+                "spec.etcdBackup.retention.maxAgeSeconds"
+            }
+            Rule::EtcdBackupSnapshotTimeoutAtLeastOne => "spec.etcdBackup.snapshotTimeoutSeconds",
         }
     }
 
@@ -171,6 +201,66 @@ impl ValidationErrors {
     }
     pub fn rules(&self) -> Vec<Rule> {
         self.0.iter().map(|e| e.rule).collect()
+    }
+}
+
+static CRON_SHAPE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(super::etcd_backup::CRON_SHAPE_PATTERN).expect("cron shape pattern compiles")
+});
+
+fn validate_etcd_backup(
+    backup: &super::etcd_backup::EtcdBackup,
+    fail: &mut impl FnMut(Rule, String),
+) {
+    let target = &backup.target;
+    if target.s3.is_some() == target.filesystem.is_some() {
+        fail(
+            Rule::EtcdBackupOneTarget,
+            "must name exactly one of s3 and filesystem".into(),
+        );
+    }
+    if let Some(s3) = &target.s3 {
+        let missing: Vec<&str> = [("endpoint", &s3.endpoint), ("bucket", &s3.bucket)]
+            .into_iter()
+            .filter(|(_, v)| v.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        if !missing.is_empty() {
+            fail(
+                Rule::EtcdBackupS3EndpointAndBucket,
+                format!("endpoint and bucket are required (missing {})", missing.join(" and ")),
+            );
+        }
+    }
+    if let Some(fs) = target.filesystem.as_ref().filter(|f| !f.path.starts_with('/')) {
+        fail(
+            Rule::EtcdBackupFilesystemPathAbsolute,
+            format!("must be an absolute path (got {:?})", fs.path),
+        );
+    }
+    if let Some(schedule) = backup.schedule.as_deref().filter(|s| !CRON_SHAPE.is_match(s)) {
+        fail(
+            Rule::EtcdBackupScheduleShape,
+            format!("must be a 5-field cron expression like \"0 */12 * * *\" (got {schedule:?})"),
+        );
+    }
+    if let Some(n) = backup.retention.count.filter(|n| *n < 1) {
+        fail(
+            Rule::EtcdBackupRetentionCountAtLeastOne,
+            format!("must be at least 1 (got {n})"),
+        );
+    }
+    if let Some(n) = backup.retention.max_age_seconds.filter(|n| *n < 60) {
+        fail(
+            Rule::EtcdBackupRetentionMaxAgeAtLeastAMinute,
+            format!("must be at least 60 (got {n})"),
+        );
+    }
+    if let Some(n) = backup.snapshot_timeout_seconds.filter(|n| *n < 1) {
+        fail(
+            Rule::EtcdBackupSnapshotTimeoutAtLeastOne,
+            format!("must be at least 1 (got {n})"),
+        );
     }
 }
 
@@ -311,6 +401,10 @@ pub fn validate_kcp(kcp: &KThreesControlPlane) -> Result<(), ValidationErrors> {
                 super::machine_naming::RANDOM
             ),
         );
+    }
+
+    if let Some(backup) = &spec.etcd_backup {
+        validate_etcd_backup(backup, &mut fail);
     }
 
     let strategy = &spec.rollout.strategy;

@@ -19,7 +19,7 @@
 //! group. What the v1beta2 form said beyond that (the reference's
 //! `apiVersion`, `namespace`, ...; a duration not in Go's canonical form) is
 //! the annotation's `v1beta2` entry; what only v1beta3 can say
-//! (`machineTemplate.spec.readinessGates`, `machineNaming`) its `v1beta3`
+//! (`machineTemplate.spec.readinessGates`, `machineNaming`, `etcdBackup`) its `v1beta3`
 //! entry.
 
 use serde_json::{Map, Value, json};
@@ -127,6 +127,7 @@ const CONTROL_PLANE: Shape = Shape {
     v1beta3_only: &[
         &["machineTemplate", "spec", "readinessGates"],
         &["machineNaming"],
+        &["etcdBackup"],
     ],
 };
 
@@ -136,7 +137,7 @@ const TEMPLATE_SHAPE: Shape = Shape {
     spec: &["spec", "template", "spec"],
     fields: &[SHARED_FIELDS],
     v1beta2_only: &[&["machineTemplate", "infrastructureRef"]],
-    v1beta3_only: &[&["machineNaming"]],
+    v1beta3_only: &[&["machineNaming"], &["etcdBackup"]],
 };
 
 fn shape(object: &Value) -> &'static Shape {
