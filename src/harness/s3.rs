@@ -51,7 +51,9 @@ iam.create_user(UserName="backup")
 iam.put_user_policy(UserName="backup", PolicyName="all", PolicyDocument=json.dumps(
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
 key = iam.create_access_key(UserName="backup")["AccessKey"]
-urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset-auth", data=b"0", method="POST")).read()
+# text/plain: moto reads the raw body (a form body would be consumed as a form).
+urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset-auth", data=b"0", method="POST",
+                                              headers={"Content-Type": "text/plain"})).read()
 print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
 "#;
 
