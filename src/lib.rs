@@ -24,9 +24,9 @@
 //! feature, on by default; the shipped controller is built without it.
 
 pub mod api;
-pub mod backup;
 #[cfg(feature = "sandbox")]
 pub mod apiserver;
+pub mod backup;
 pub mod cli;
 pub mod components;
 pub mod controller;

@@ -12,9 +12,9 @@ use k3s_control_plane::backup::{
     VerifyError,
 };
 use k3s_control_plane::etcd::{EtcdError, SaveSnapshotError, snapshot_source};
+use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::etcd::EtcdBinary;
 use k3s_control_plane::harness::s3::MotoServer;
-use k3s_control_plane::harness::EtcdTestCluster;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -171,7 +171,11 @@ impl Restored {
 async fn follower(c: &EtcdTestCluster) -> (usize, u64) {
     let snap = c.connect().snapshot().await.unwrap();
     let chosen = snapshot_source(&snap).expect("a healthy voter");
-    assert_ne!(Some(chosen.id), snap.leader, "the default source does not lead");
+    assert_ne!(
+        Some(chosen.id),
+        snap.leader,
+        "the default source does not lead"
+    );
     (c.index_of(chosen.id).unwrap(), chosen.id)
 }
 
@@ -191,18 +195,31 @@ async fn a_snapshot_saved_to_a_directory_is_verified_and_restored_by_etcds_own_t
     .unwrap();
     let name = SnapshotName::ours(SnapshotReason::BeforeRemoval, node, SystemTime::now()).unwrap();
 
-    let saved = backup::save(&etcd, &snap, id, &target, &name, LIMIT).await.unwrap();
+    let saved = backup::save(&etcd, &snap, id, &target, &name, LIMIT)
+        .await
+        .unwrap();
 
     assert_eq!(saved.name, name.to_string());
-    assert!(saved.name.starts_with(&format!("capi-before-removal-{node}-")));
+    assert!(
+        saved
+            .name
+            .starts_with(&format!("capi-before-removal-{node}-"))
+    );
     assert_eq!(saved.member, c.member(index).name);
     assert!(saved.revision > 1, "revision {}", saved.revision);
     let file = dir.path().join(&saved.name);
     assert_eq!(saved.location, format!("file://{}", file.display()));
     assert_eq!(std::fs::metadata(&file).unwrap().len(), saved.size);
-    assert_eq!(files_under(dir.path()), vec![file.display().to_string()], "no staging file left");
+    assert_eq!(
+        files_under(dir.path()),
+        vec![file.display().to_string()],
+        "no staging file left"
+    );
     let verified = backup::verify_stored(&target, &saved.name).await.unwrap();
-    assert_eq!((verified.size, verified.sha256.clone()), (saved.size, saved.sha256.clone()));
+    assert_eq!(
+        (verified.size, verified.sha256.clone()),
+        (saved.size, saved.sha256.clone())
+    );
 
     let restored = restore(&file);
     assert_eq!(restored.get("before-backup"), "kept");
@@ -218,10 +235,16 @@ async fn a_snapshot_saved_to_s3_lands_at_folder_slash_name_and_restores() {
     let snap = etcd.snapshot().await.unwrap();
     let (index, id) = follower(&c).await;
     let target = Target::open(&s3.target("backups", "clusters/prod")).unwrap();
-    let name = SnapshotName::ours(SnapshotReason::Scheduled, &c.member(index).node_name, SystemTime::now())
-        .unwrap();
+    let name = SnapshotName::ours(
+        SnapshotReason::Scheduled,
+        &c.member(index).node_name,
+        SystemTime::now(),
+    )
+    .unwrap();
 
-    let saved = backup::save(&etcd, &snap, id, &target, &name, LIMIT).await.unwrap();
+    let saved = backup::save(&etcd, &snap, id, &target, &name, LIMIT)
+        .await
+        .unwrap();
 
     assert_eq!(saved.location, format!("s3://backups/clusters/prod/{name}"));
     assert_eq!(names(&target).await, vec![name.to_string()]);
@@ -248,7 +271,12 @@ async fn a_snapshot_saved_to_s3_lands_at_folder_slash_name_and_restores() {
 #[tokio::test]
 async fn a_snapshot_is_refused_from_a_member_that_is_not_a_healthy_voter() {
     init();
-    let c = EtcdTestCluster::builder().members(3).learners(1).start().await.unwrap();
+    let c = EtcdTestCluster::builder()
+        .members(3)
+        .learners(1)
+        .start()
+        .await
+        .unwrap();
     let etcd = c.connect();
     let dir = tempfile::tempdir().unwrap();
     let target = Target::open(&TargetConfig::Filesystem {
@@ -268,16 +296,24 @@ async fn a_snapshot_is_refused_from_a_member_that_is_not_a_healthy_voter() {
         matches!(err, BackupError::Etcd(EtcdError::SpaceRefused { .. })),
         "{text}"
     );
-    assert!(text.contains(&learner.name) && text.contains("learner"), "{text}");
+    assert!(
+        text.contains(&learner.name) && text.contains("learner"),
+        "{text}"
+    );
 
     // A paused voter (it answers nothing: unhealthy).
     let (index, id) = follower(&c).await;
     c.pause(index).unwrap();
     let snap = etcd.snapshot().await.unwrap();
-    let err = backup::save(&etcd, &snap, id, &target, &name, LIMIT).await.unwrap_err();
+    let err = backup::save(&etcd, &snap, id, &target, &name, LIMIT)
+        .await
+        .unwrap_err();
     c.resume(index).unwrap();
     let text = err.to_string();
-    assert!(text.contains(&c.member(index).name) && text.contains("not healthy"), "{text}");
+    assert!(
+        text.contains(&c.member(index).name) && text.contains("not healthy"),
+        "{text}"
+    );
     assert!(files_under(dir.path()).is_empty(), "nothing stored");
 }
 
@@ -293,7 +329,11 @@ async fn a_failing_sink_stops_the_stream_and_says_so() {
         type Error = String;
         async fn write(&mut self, chunk: &[u8]) -> Result<(), String> {
             self.0 += chunk.len() as u64;
-            if self.0 > 4096 { Err("disk full".into()) } else { Ok(()) }
+            if self.0 > 4096 {
+                Err("disk full".into())
+            } else {
+                Ok(())
+            }
         }
     }
     let id = snap.members[0].id;
@@ -301,38 +341,98 @@ async fn a_failing_sink_stops_the_stream_and_says_so() {
         .save_snapshot(&snap, id, LIMIT, &mut Failing(0))
         .await
         .unwrap_err();
-    assert!(matches!(err, SaveSnapshotError::Sink(ref e) if e == "disk full"), "{err}");
+    assert!(
+        matches!(err, SaveSnapshotError::Sink(ref e) if e == "disk full"),
+        "{err}"
+    );
 
     // And into memory, whole.
     let mut bytes = Vec::new();
-    let streamed = etcd.save_snapshot(&snap, id, LIMIT, &mut bytes).await.unwrap();
+    let streamed = etcd
+        .save_snapshot(&snap, id, LIMIT, &mut bytes)
+        .await
+        .unwrap();
     assert_eq!(streamed.size, bytes.len() as u64);
-    assert_eq!(bytes.len() % 512, 32, "a database of whole pages and its SHA-256");
+    assert_eq!(
+        bytes.len() % 512,
+        32,
+        "a database of whole pages and its SHA-256"
+    );
 }
 
-#[tokio::test]
-async fn a_save_that_runs_out_of_time_leaves_nothing_behind() {
+/// The member is stopped (SIGSTOP) once the upload has begun, so the save
+/// runs out of time in the middle of the stream, whatever the machine's speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_that_runs_out_of_time_mid_stream_leaves_nothing_behind() {
     init();
+    let s3 = moto(&["backups"]);
     let c = EtcdTestCluster::start(1).await.unwrap();
-    for i in 0..24 {
-        c.put(0, &format!("big-{i}"), vec![b'x'; 1024 * 1024]).await.unwrap();
+    for i in 0..16 {
+        c.put(0, &format!("big-{i}"), vec![b'x'; 1024 * 1024])
+            .await
+            .unwrap();
     }
     let etcd = c.connect();
     let snap = etcd.snapshot().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let target = Target::open(&TargetConfig::Filesystem {
+    let in_dir = Target::open(&TargetConfig::Filesystem {
         path: dir.path().to_path_buf(),
     })
     .unwrap();
+    let in_s3 = Target::open(&s3.target("backups", "etcd")).unwrap();
     let name = name_for(SnapshotReason::Scheduled, "cp-0", 1_700_000_000);
-    let err = backup::save(&etcd, &snap, snap.members[0].id, &target, &name, Duration::from_millis(150))
-        .await
-        .unwrap_err();
+    let uploading = |s3_target: bool| {
+        if s3_target {
+            !s3.multipart_uploads("backups").unwrap().is_empty()
+        } else {
+            !files_under(dir.path()).is_empty() // the staging file
+        }
+    };
+    for (target, is_s3) in [(&in_dir, false), (&in_s3, true)] {
+        let stop_once_uploading = async {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !uploading(is_s3) {
+                assert!(Instant::now() < deadline, "the upload never began");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            c.pause(0).unwrap();
+        };
+        let (result, ()) = tokio::join!(
+            backup::save(
+                &etcd,
+                &snap,
+                snap.members[0].id,
+                target,
+                &name,
+                Duration::from_secs(4)
+            ),
+            stop_once_uploading
+        );
+        c.resume(0).unwrap();
+        // Timed out in the stream, or before it if the member stopped while
+        // it was being reached: either way after the upload began.
+        let err = result.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BackupError::Etcd(EtcdError::Timeout { .. } | EtcdError::Unreachable { .. })
+                    | BackupError::TimedOut { .. }
+            ),
+            "{}: {err}",
+            target.describe()
+        );
+        assert!(names(target).await.is_empty(), "{}", target.describe());
+    }
     assert!(
-        matches!(err, BackupError::Etcd(EtcdError::Timeout { .. }) | BackupError::TimedOut { .. }),
-        "{err}"
+        files_under(dir.path()).is_empty(),
+        "left behind: {:?}",
+        files_under(dir.path())
     );
-    assert!(files_under(dir.path()).is_empty(), "left behind: {:?}", files_under(dir.path()));
+    assert_eq!(
+        s3.multipart_uploads("backups").unwrap(),
+        Vec::<String>::new(),
+        "the multipart upload was aborted"
+    );
 }
 
 #[tokio::test]
@@ -350,9 +450,16 @@ async fn retention_prunes_only_ours_beyond_the_count_and_keeps_k3ss_own() {
         upload.finish().await.unwrap();
     }
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + 10 * 3600);
-    let pruned = backup::prune(&target, &Retention { count: Some(2), max_age: None }, now)
-        .await
-        .unwrap();
+    let pruned = backup::prune(
+        &target,
+        &Retention {
+            count: Some(2),
+            max_age: None,
+        },
+        now,
+    )
+    .await
+    .unwrap();
 
     let deleted: Vec<&str> = pruned.deleted.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(deleted, vec![ours[0].as_str(), ours[1].as_str()]);
@@ -364,7 +471,10 @@ async fn retention_prunes_only_ours_beyond_the_count_and_keeps_k3ss_own() {
     // By age, the newest of ours stays however old.
     let pruned = backup::prune(
         &target,
-        &Retention { count: None, max_age: Some(Duration::from_secs(60)) },
+        &Retention {
+            count: None,
+            max_age: Some(Duration::from_secs(60)),
+        },
         now,
     )
     .await
@@ -390,7 +500,9 @@ async fn a_missing_bucket_and_refused_credentials_name_their_field_and_no_secret
         )
     );
 
-    let TargetConfig::S3(good) = s3.target("backups", "") else { unreachable!() };
+    let TargetConfig::S3(good) = s3.target("backups", "") else {
+        unreachable!()
+    };
     let wrong_secret = S3Config {
         secret_access_key: "wrong-secret-value".into(),
         ..good.clone()
@@ -405,8 +517,15 @@ async fn a_missing_bucket_and_refused_credentials_name_their_field_and_no_secret
         let text = err.to_string();
         eprintln!("refused credentials: {text}");
         assert!(matches!(err, BackupError::Credentials { .. }), "{text}");
-        assert!(text.starts_with("spec.etcdBackup.target.s3.credentialsSecret"), "{text}");
-        for secret in [&config.secret_access_key, &good.secret_access_key, &config.access_key_id] {
+        assert!(
+            text.starts_with("spec.etcdBackup.target.s3.credentialsSecret"),
+            "{text}"
+        );
+        for secret in [
+            &config.secret_access_key,
+            &good.secret_access_key,
+            &config.access_key_id,
+        ] {
             assert!(!text.contains(secret.as_str()), "{text} shows a credential");
         }
     }
@@ -415,10 +534,15 @@ async fn a_missing_bucket_and_refused_credentials_name_their_field_and_no_secret
         endpoint: format!("127.0.0.1:{}", free_port()),
         ..good
     };
-    let err = Target::open(&TargetConfig::S3(unreachable)).unwrap().check().await.unwrap_err();
+    let err = Target::open(&TargetConfig::S3(unreachable))
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
     eprintln!("unreachable: {err}");
     assert!(
-        err.to_string().starts_with("spec.etcdBackup.target.s3.endpoint: the endpoint"),
+        err.to_string()
+            .starts_with("spec.etcdBackup.target.s3.endpoint: the endpoint"),
         "{err}"
     );
 }
@@ -446,15 +570,35 @@ async fn a_corrupt_or_truncated_stored_snapshot_is_named_and_refused() {
     std::fs::write(dir.path().join("flipped"), &flipped).unwrap();
     let err = backup::verify_stored(&target, "flipped").await.unwrap_err();
     assert!(
-        matches!(err, BackupError::Invalid { source: VerifyError::ChecksumMismatch { .. }, .. }),
+        matches!(
+            err,
+            BackupError::Invalid {
+                source: VerifyError::ChecksumMismatch { .. },
+                ..
+            }
+        ),
         "{err}"
     );
-    assert!(err.to_string().starts_with(&format!("file://{}/flipped: checksum mismatch", dir.path().display())), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "file://{}/flipped: checksum mismatch",
+            dir.path().display()
+        )),
+        "{err}"
+    );
 
     std::fs::write(dir.path().join("truncated"), &good[..good.len() - 1000]).unwrap();
-    let err = backup::verify_stored(&target, "truncated").await.unwrap_err();
+    let err = backup::verify_stored(&target, "truncated")
+        .await
+        .unwrap_err();
     assert!(
-        matches!(err, BackupError::Invalid { source: VerifyError::Truncated { .. }, .. }),
+        matches!(
+            err,
+            BackupError::Invalid {
+                source: VerifyError::Truncated { .. },
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("/truncated: truncated"), "{err}");

@@ -191,4 +191,3 @@ pub async fn verify_stored(target: &Target, name: &str) -> Result<Verified, Back
         source,
     })
 }
-

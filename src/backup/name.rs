@@ -191,7 +191,9 @@ pub fn node_of_member(member: &str) -> &str {
         Some((node, suffix))
             if !node.is_empty()
                 && suffix.len() == 8
-                && suffix.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+                && suffix
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
         {
             node
         }
@@ -264,9 +266,24 @@ mod tests {
     #[test]
     fn k3s_names_parse_as_not_ours() {
         let cases = [
-            ("etcd-snapshot-server-0-1700000000", "etcd-snapshot", "server-0", false),
-            ("on-demand-server-0-1700000001", "on-demand", "server-0", false),
-            ("on-demand-server-0-1700000001.zip", "on-demand", "server-0", true),
+            (
+                "etcd-snapshot-server-0-1700000000",
+                "etcd-snapshot",
+                "server-0",
+                false,
+            ),
+            (
+                "on-demand-server-0-1700000001",
+                "on-demand",
+                "server-0",
+                false,
+            ),
+            (
+                "on-demand-server-0-1700000001.zip",
+                "on-demand",
+                "server-0",
+                true,
+            ),
             ("nightly-server-0-1700000002", "nightly-server-0", "", false),
         ];
         for (text, prefix, node, compressed) in cases {

@@ -172,7 +172,11 @@ mod tests {
         let cases = vec![
             Case {
                 name: "no limits prune nothing",
-                stored: vec![ours("scheduled", 3), ours("scheduled", 2), ours("scheduled", 1)],
+                stored: vec![
+                    ours("scheduled", 3),
+                    ours("scheduled", 2),
+                    ours("scheduled", 1),
+                ],
                 retention: Retention::default(),
                 pruned: vec![],
             },
@@ -184,7 +188,10 @@ mod tests {
                     ours("before-removal", 2),
                     ours("on-demand", 3),
                 ],
-                retention: Retention { count: Some(2), max_age: None },
+                retention: Retention {
+                    count: Some(2),
+                    max_age: None,
+                },
                 pruned: vec![ours("scheduled", 4), ours("on-demand", 3)],
             },
             Case {
@@ -195,43 +202,72 @@ mod tests {
                     ours("scheduled", 2),
                     ours("scheduled", 1),
                 ],
-                retention: Retention { count: Some(1), max_age: Some(Duration::from_secs(HOUR)) },
+                retention: Retention {
+                    count: Some(1),
+                    max_age: Some(Duration::from_secs(HOUR)),
+                },
                 pruned: vec![ours("scheduled", 2)],
             },
             Case {
                 name: "objects that are not snapshot names are never pruned",
-                stored: vec!["notes.txt".into(), ours("scheduled", 5), ours("scheduled", 1)],
-                retention: Retention { count: Some(1), max_age: None },
+                stored: vec![
+                    "notes.txt".into(),
+                    ours("scheduled", 5),
+                    ours("scheduled", 1),
+                ],
+                retention: Retention {
+                    count: Some(1),
+                    max_age: None,
+                },
                 pruned: vec![ours("scheduled", 5)],
             },
             Case {
                 name: "max age drops the old ones",
-                stored: vec![ours("scheduled", 30), ours("scheduled", 25), ours("scheduled", 1)],
-                retention: Retention { count: None, max_age: Some(Duration::from_secs(24 * HOUR)) },
+                stored: vec![
+                    ours("scheduled", 30),
+                    ours("scheduled", 25),
+                    ours("scheduled", 1),
+                ],
+                retention: Retention {
+                    count: None,
+                    max_age: Some(Duration::from_secs(24 * HOUR)),
+                },
                 pruned: vec![ours("scheduled", 30), ours("scheduled", 25)],
             },
             Case {
                 name: "the newest of ours is kept however old",
                 stored: vec![ours("scheduled", 100), ours("scheduled", 50)],
-                retention: Retention { count: None, max_age: Some(Duration::from_secs(HOUR)) },
+                retention: Retention {
+                    count: None,
+                    max_age: Some(Duration::from_secs(HOUR)),
+                },
                 pruned: vec![ours("scheduled", 100)],
             },
             Case {
                 name: "a count of zero keeps the newest",
                 stored: vec![ours("scheduled", 2), ours("scheduled", 1)],
-                retention: Retention { count: Some(0), max_age: None },
+                retention: Retention {
+                    count: Some(0),
+                    max_age: None,
+                },
                 pruned: vec![ours("scheduled", 2)],
             },
             Case {
                 name: "within both limits nothing is pruned",
                 stored: vec![ours("scheduled", 2), ours("scheduled", 1)],
-                retention: Retention { count: Some(5), max_age: Some(Duration::from_secs(24 * HOUR)) },
+                retention: Retention {
+                    count: Some(5),
+                    max_age: Some(Duration::from_secs(24 * HOUR)),
+                },
                 pruned: vec![],
             },
             Case {
                 name: "nothing of ours: nothing pruned",
                 stored: vec![k3s_old.clone()],
-                retention: Retention { count: Some(1), max_age: Some(Duration::from_secs(1)) },
+                retention: Retention {
+                    count: Some(1),
+                    max_age: Some(Duration::from_secs(1)),
+                },
                 pruned: vec![],
             },
         ];
@@ -245,10 +281,14 @@ mod tests {
 
     #[test]
     fn each_pruned_name_says_why() {
-        let stored: Vec<StoredSnapshot> = [ours("scheduled", 30), ours("scheduled", 2), ours("scheduled", 1)]
-            .iter()
-            .map(|n| stored(n))
-            .collect();
+        let stored: Vec<StoredSnapshot> = [
+            ours("scheduled", 30),
+            ours("scheduled", 2),
+            ours("scheduled", 1),
+        ]
+        .iter()
+        .map(|n| stored(n))
+        .collect();
         let retention = Retention {
             count: Some(2),
             max_age: Some(Duration::from_secs(HOUR)),
@@ -270,15 +310,30 @@ mod tests {
                 },
             ]
         );
-        assert!(pruned[0].to_string().contains("number 3 from the newest of ours, and 2 are kept"));
-        assert!(pruned[1].to_string().contains("7200s old, older than the 3600s kept"));
+        assert!(
+            pruned[0]
+                .to_string()
+                .contains("number 3 from the newest of ours, and 2 are kept")
+        );
+        assert!(
+            pruned[1]
+                .to_string()
+                .contains("7200s old, older than the 3600s kept")
+        );
     }
 
     #[test]
     fn same_second_snapshots_order_by_modification_then_name() {
         let a = StoredSnapshot::new("capi-scheduled-cp-0-100", 1, t(100));
         let b = StoredSnapshot::new("capi-scheduled-cp-1-100", 1, t(101));
-        let pruned = to_prune(&[a, b], &Retention { count: Some(1), max_age: None }, t(200));
+        let pruned = to_prune(
+            &[a, b],
+            &Retention {
+                count: Some(1),
+                max_age: None,
+            },
+            t(200),
+        );
         assert_eq!(names(&pruned), vec!["capi-scheduled-cp-0-100"]);
     }
 }

@@ -67,7 +67,10 @@ impl fmt::Debug for S3Config {
             .field("region", &self.region)
             .field("insecure", &self.insecure)
             .field("skip_tls_verify", &self.skip_tls_verify)
-            .field("endpoint_ca_pem", &self.endpoint_ca_pem.as_ref().map(|_| "<pem>"))
+            .field(
+                "endpoint_ca_pem",
+                &self.endpoint_ca_pem.as_ref().map(|_| "<pem>"),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -76,10 +79,9 @@ impl fmt::Debug for TargetConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TargetConfig::S3(s3) => f.debug_tuple("S3").field(s3).finish(),
-            TargetConfig::Filesystem { path } => f
-                .debug_struct("Filesystem")
-                .field("path", path)
-                .finish(),
+            TargetConfig::Filesystem { path } => {
+                f.debug_struct("Filesystem").field("path", path).finish()
+            }
         }
     }
 }
@@ -197,10 +199,7 @@ impl Target {
 
     fn open_filesystem(path: &std::path::Path, fields: FieldNames) -> Result<Target, BackupError> {
         let field = fields.name(Field::Path);
-        let invalid = |reason: String| BackupError::Config {
-            field,
-            reason,
-        };
+        let invalid = |reason: String| BackupError::Config { field, reason };
         if path.as_os_str().is_empty() {
             return Err(invalid("is empty".into()));
         }
@@ -480,7 +479,8 @@ impl Target {
         }
         if matches!(
             err,
-            object_store::Error::Unauthenticated { .. } | object_store::Error::PermissionDenied { .. }
+            object_store::Error::Unauthenticated { .. }
+                | object_store::Error::PermissionDenied { .. }
         ) || [
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
@@ -492,15 +492,26 @@ impl Target {
         .iter()
         .any(|needle| text.contains(needle))
         {
+            // A known key with a wrong signature: the secret is at fault.
+            let field = if text.contains("SignatureDoesNotMatch") {
+                Field::SecretAccessKey
+            } else {
+                Field::AccessKeyId
+            };
             return BackupError::Credentials {
-                field: fields.name(Field::AccessKeyId),
+                field: fields.name(field),
                 target,
                 detail: s3_code(&text).unwrap_or(text),
             };
         }
-        if ["UnknownIssuer", "invalid peer certificate", "certificate verify", "NotValidForName"]
-            .iter()
-            .any(|needle| text.contains(needle))
+        if [
+            "UnknownIssuer",
+            "invalid peer certificate",
+            "certificate verify",
+            "NotValidForName",
+        ]
+        .iter()
+        .any(|needle| text.contains(needle))
         {
             return BackupError::Tls {
                 field: fields.name(Field::EndpointCa),
@@ -616,7 +627,9 @@ fn endpoint_url(endpoint: &str, insecure: bool) -> Result<String, String> {
             ));
         }
         Some("https") => {
-            return Err(format!("{endpoint:?} is HTTPS, but insecure (plain HTTP) is set"));
+            return Err(format!(
+                "{endpoint:?} is HTTPS, but insecure (plain HTTP) is set"
+            ));
         }
         _ => return Err(format!("{endpoint:?}: only http and https are supported")),
     }
@@ -769,7 +782,11 @@ mod tests {
         let cases = [
             ("minio.local:9000", false, Ok("https://minio.local:9000")),
             ("minio.local:9000", true, Ok("http://minio.local:9000")),
-            ("https://s3.example.com/", false, Ok("https://s3.example.com")),
+            (
+                "https://s3.example.com/",
+                false,
+                Ok("https://s3.example.com"),
+            ),
             ("http://10.0.0.1:9000", true, Ok("http://10.0.0.1:9000")),
             ("http://10.0.0.1:9000", false, Err("plain HTTP")),
             ("https://10.0.0.1:9000", true, Err("insecure")),
@@ -796,7 +813,11 @@ mod tests {
             ("https://minio.example.com", "backups", false),
         ];
         for (endpoint, bucket, expected) in cases {
-            assert_eq!(virtual_hosted(endpoint, bucket), expected, "{endpoint} {bucket}");
+            assert_eq!(
+                virtual_hosted(endpoint, bucket),
+                expected,
+                "{endpoint} {bucket}"
+            );
         }
     }
 
@@ -805,18 +826,36 @@ mod tests {
         let mut config = s3("minio.local:9000", false);
         config.skip_tls_verify = true;
         let err = open_err(config);
-        assert!(err.starts_with("spec.etcdBackup.target.s3.skipTLSVerify:"), "{err}");
-        assert!(err.contains("spec.etcdBackup.target.s3.endpointCA"), "{err}");
+        assert!(
+            err.starts_with("spec.etcdBackup.target.s3.skipTLSVerify:"),
+            "{err}"
+        );
+        assert!(
+            err.contains("spec.etcdBackup.target.s3.endpointCA"),
+            "{err}"
+        );
     }
 
     #[test]
     fn settings_that_cannot_work_are_refused_naming_the_field() {
         let cases: [(fn(&mut S3Config), &str); 6] = [
-            (|c| c.bucket.clear(), "spec.etcdBackup.target.s3.bucket: is empty"),
-            (|c| c.bucket = "Bad_Bucket".into(), "spec.etcdBackup.target.s3.bucket:"),
-            (|c| c.folder = "a/../b".into(), "spec.etcdBackup.target.s3.folder:"),
+            (
+                |c| c.bucket.clear(),
+                "spec.etcdBackup.target.s3.bucket: is empty",
+            ),
+            (
+                |c| c.bucket = "Bad_Bucket".into(),
+                "spec.etcdBackup.target.s3.bucket:",
+            ),
+            (
+                |c| c.folder = "a/../b".into(),
+                "spec.etcdBackup.target.s3.folder:",
+            ),
             (|c| c.access_key_id.clear(), "(access key id): is empty"),
-            (|c| c.secret_access_key.clear(), "(secret access key): is empty"),
+            (
+                |c| c.secret_access_key.clear(),
+                "(secret access key): is empty",
+            ),
             (
                 |c| c.endpoint_ca_pem = Some("not a pem".into()),
                 "spec.etcdBackup.target.s3.endpointCA: holds no PEM certificate",
@@ -837,7 +876,10 @@ mod tests {
         let mut config = s3("minio.local:9000", false);
         config.endpoint_ca_pem = Some(pem.into());
         let err = open_err(config);
-        assert!(err.starts_with("spec.etcdBackup.target.s3.endpointCA: certificate 1 does not parse"), "{err}");
+        assert!(
+            err.starts_with("spec.etcdBackup.target.s3.endpointCA: certificate 1 does not parse"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -856,7 +898,12 @@ mod tests {
         let mut config = s3("minio.local:9000", false);
         config.session_token = Some("session-token-value".into());
         let text = format!("{:?}", TargetConfig::S3(config));
-        assert!(!text.contains("very-secret-key") && !text.contains("session-token-value") && !text.contains("AKIAEXAMPLE"), "{text}");
+        assert!(
+            !text.contains("very-secret-key")
+                && !text.contains("session-token-value")
+                && !text.contains("AKIAEXAMPLE"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -870,7 +917,10 @@ mod tests {
             target.location("capi-scheduled-cp-0-1"),
             "s3://backups/clusters/prod/capi-scheduled-cp-0-1"
         );
-        assert_eq!(target.describe(), "s3://backups/clusters/prod at http://127.0.0.1:9000");
+        assert_eq!(
+            target.describe(),
+            "s3://backups/clusters/prod at http://127.0.0.1:9000"
+        );
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub enum VerifyError {
         "truncated: {size} bytes is not a whole database plus its 32-byte SHA-256 (size modulo 512 is {remainder}, not 32); etcdutl would refuse it"
     )]
     Truncated { size: u64, remainder: u64 },
-    #[error("checksum mismatch: the snapshot ends with SHA-256 {expected}, its content hashes to {actual}")]
+    #[error(
+        "checksum mismatch: the snapshot ends with SHA-256 {expected}, its content hashes to {actual}"
+    )]
     ChecksumMismatch { expected: String, actual: String },
 }
 
@@ -153,7 +155,8 @@ mod tests {
         let data = snapshot(4);
         let expected = hex(&data[data.len() - HASH_LEN..]);
         for chunk in [1, 7, 31, 32, 33, 4096, 32 * 1024, data.len()] {
-            let ok = verify_in_chunks(&data, chunk).unwrap_or_else(|e| panic!("chunk {chunk}: {e}"));
+            let ok =
+                verify_in_chunks(&data, chunk).unwrap_or_else(|e| panic!("chunk {chunk}: {e}"));
             assert_eq!(ok.size, data.len() as u64);
             assert_eq!(ok.sha256, expected, "chunk {chunk}");
         }
@@ -165,7 +168,10 @@ mod tests {
             let mut data = snapshot(4);
             data[at] ^= 0x01;
             let err = verify_in_chunks(&data, 1000).unwrap_err();
-            assert!(matches!(err, VerifyError::ChecksumMismatch { .. }), "byte {at}: {err}");
+            assert!(
+                matches!(err, VerifyError::ChecksumMismatch { .. }),
+                "byte {at}: {err}"
+            );
         }
     }
 
@@ -174,7 +180,10 @@ mod tests {
         let data = snapshot(4);
         for cut in [1, 32, 100, 4096 + 32, 4096 + 100] {
             let err = verify_in_chunks(&data[..data.len() - cut], 333).unwrap_err();
-            assert!(matches!(err, VerifyError::Truncated { .. }), "cut {cut}: {err}");
+            assert!(
+                matches!(err, VerifyError::Truncated { .. }),
+                "cut {cut}: {err}"
+            );
         }
     }
 

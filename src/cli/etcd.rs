@@ -425,7 +425,11 @@ fn describe_disarm(d: &Disarmed) -> String {
     }
 }
 
-pub(super) fn resolve(snap: &MembershipSnapshot, arg: &'static str, given: &str) -> Result<u64, CliError> {
+pub(super) fn resolve(
+    snap: &MembershipSnapshot,
+    arg: &'static str,
+    given: &str,
+) -> Result<u64, CliError> {
     snap.find(given)
         .map(|m| m.id)
         .ok_or_else(|| CliError::UnknownMember {

@@ -221,7 +221,10 @@ async fn execute(args: &EtcdArgs, command: &SnapshotCommand) -> Result<(), Snaps
                         .id
                 }
             };
-            let member_name = snap.member(source).map(|m| m.name.clone()).unwrap_or_default();
+            let member_name = snap
+                .member(source)
+                .map(|m| m.name.clone())
+                .unwrap_or_default();
             let node = node_of_member(&member_name);
             let name = SnapshotName::ours(SnapshotReason::OnDemand, node, SystemTime::now())
                 .map_err(|e| SnapshotCliError::Usage(format!("member {member_name:?}: {e}")))?;

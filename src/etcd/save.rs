@@ -75,10 +75,7 @@ pub enum SaveSnapshotError<E> {
 /// name; the leader when it is the only one.
 pub fn snapshot_source(snap: &MembershipSnapshot) -> Option<&MemberSnapshot> {
     let view = snap.ignoring_nospace();
-    let eligible = |m: &&MemberSnapshot| {
-        view.member(m.id)
-            .is_some_and(|v| refusal(v).is_none())
-    };
+    let eligible = |m: &&MemberSnapshot| view.member(m.id).is_some_and(|v| refusal(v).is_none());
     let index = |m: &MemberSnapshot| m.status.as_ref().map_or(0, |s| s.raft_index);
     let best = |leader: bool| {
         snap.members
@@ -131,9 +128,11 @@ impl EtcdCluster {
         sink: &mut S,
     ) -> Result<StreamedSnapshot, SaveSnapshotError<S::Error>> {
         let started = Instant::now();
-        let member = snap.member(member_id).ok_or_else(|| EtcdError::MemberNotFound {
-            member: format!("{member_id:016x}"),
-        })?;
+        let member = snap
+            .member(member_id)
+            .ok_or_else(|| EtcdError::MemberNotFound {
+                member: format!("{member_id:016x}"),
+            })?;
         let label = member.label();
         let view = snap.ignoring_nospace();
         if let Some(why) = view.member(member_id).and_then(refusal) {
@@ -159,10 +158,7 @@ impl EtcdCluster {
                 let mut header_revision = None;
                 while let Some(message) = stream.message().await? {
                     if header_revision.is_none() {
-                        header_revision = message
-                            .header()
-                            .map(|h| h.revision())
-                            .filter(|r| *r > 0);
+                        header_revision = message.header().map(|h| h.revision()).filter(|r| *r > 0);
                     }
                     let blob = message.blob();
                     verifier.update(blob);

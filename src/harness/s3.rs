@@ -128,7 +128,10 @@ impl MotoServer {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(MotoError::Failed(format!("exited early ({status}): {}", self.log())));
+                return Err(MotoError::Failed(format!(
+                    "exited early ({status}): {}",
+                    self.log()
+                )));
             }
             if Instant::now() >= deadline {
                 return Err(MotoError::Failed(format!(
@@ -179,6 +182,45 @@ impl MotoServer {
             secret_access_key: self.secret_access_key.clone(),
             session_token: None,
         })
+    }
+}
+
+/// Lists the multipart uploads in progress in a bucket, one key a line.
+const LIST_UPLOADS: &str = r#"
+import os, sys
+import boto3
+url, bucket = sys.argv[1], sys.argv[2]
+s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                  aws_access_key_id=os.environ["KEY_ID"], aws_secret_access_key=os.environ["KEY_SECRET"])
+for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+    print(upload["Key"])
+"#;
+
+impl MotoServer {
+    /// The keys of the multipart uploads begun in `bucket` and neither
+    /// completed nor aborted (S3 `ListMultipartUploads`): what a failed
+    /// upload that was not aborted leaves behind, invisible to a listing.
+    pub fn multipart_uploads(&self, bucket: &str) -> Result<Vec<String>, MotoError> {
+        let python = moto_dir().join("bin").join("python");
+        let out = Command::new(&python)
+            .arg("-c")
+            .arg(LIST_UPLOADS)
+            .arg(self.url())
+            .arg(bucket)
+            .env("KEY_ID", &self.access_key_id)
+            .env("KEY_SECRET", &self.secret_access_key)
+            .output()
+            .map_err(|e| MotoError::Failed(format!("{}: {e}", python.display())))?;
+        if !out.status.success() {
+            return Err(MotoError::Failed(format!(
+                "listing multipart uploads failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect())
     }
 }
 
