@@ -7,7 +7,7 @@
 //! - [`verify`]: etcd's trailing SHA-256, checked as the bytes pass (pure).
 //! - [`target`]: S3-compatible storage or a directory, one interface.
 //! - [`engine`]: save, prune, verify a stored snapshot.
-//! - [`error`]: [`BackupError`].
+//! - [`error`]: what can go wrong ([`BackupError`]).
 //!
 //! The etcd side (streaming `Maintenance.Snapshot` from one chosen member,
 //! refused unless it is a healthy voter) is [`crate::etcd::save`].

@@ -838,7 +838,8 @@ mod tests {
 
     #[test]
     fn settings_that_cannot_work_are_refused_naming_the_field() {
-        let cases: [(fn(&mut S3Config), &str); 6] = [
+        type Case = (fn(&mut S3Config), &'static str);
+        let cases: [Case; 6] = [
             (
                 |c| c.bucket.clear(),
                 "spec.etcdBackup.target.s3.bucket: is empty",
