@@ -184,23 +184,6 @@ impl fmt::Display for SnapshotName {
     }
 }
 
-/// The node of a k3s etcd member name (`<node name>-<8 hex digits>`, k3s
-/// `pkg/etcd/etcd.go`); the name itself when it has no such suffix.
-pub fn node_of_member(member: &str) -> &str {
-    match member.rsplit_once('-') {
-        Some((node, suffix))
-            if !node.is_empty()
-                && suffix.len() == 8
-                && suffix
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
-        {
-            node
-        }
-        _ => member,
-    }
-}
-
 /// A node name as Kubernetes allows it (a DNS-1123 subdomain: lower-case
 /// alphanumerics, `-` and `.`), which also keeps the name one path segment
 /// and a valid resource name for k3s's `ETCDSnapshotFile`.
@@ -336,19 +319,6 @@ mod tests {
                     assert!(!other.prefix().starts_with(reason.prefix()));
                 }
             }
-        }
-    }
-
-    #[test]
-    fn the_node_of_a_k3s_member_name() {
-        for (member, node) in [
-            ("cp-0-1a2b3c4d", "cp-0"),
-            ("server-1-00000000", "server-1"),
-            ("cp-0", "cp-0"),
-            ("cp-0-1A2B3C4D", "cp-0-1A2B3C4D"),
-            ("cp-0-1a2b3c4", "cp-0-1a2b3c4"),
-        ] {
-            assert_eq!(node_of_member(member), node, "{member}");
         }
     }
 

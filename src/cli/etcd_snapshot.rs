@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{CliError, EtcdArgs, Output, client_tls, endpoints, one_line, print_json, resolve};
-use crate::backup::name::node_of_member;
 use crate::backup::{
     BackupError, FieldNames, Retention, S3Config, Saved, SnapshotName, SnapshotReason,
     StoredSnapshot, Target, TargetConfig, prune, save, verify_stored,
@@ -225,7 +224,8 @@ async fn execute(args: &EtcdArgs, command: &SnapshotCommand) -> Result<(), Snaps
                 .member(source)
                 .map(|m| m.name.clone())
                 .unwrap_or_default();
-            let node = node_of_member(&member_name);
+            // k3s names its snapshots after the node: `<node>-<8 hex>` is the member.
+            let node = crate::membership::node_of_member_name(&member_name).unwrap_or(&member_name);
             let name = SnapshotName::ours(SnapshotReason::OnDemand, node, SystemTime::now())
                 .map_err(|e| SnapshotCliError::Usage(format!("member {member_name:?}: {e}")))?;
             let saved = save(
