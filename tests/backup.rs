@@ -613,3 +613,136 @@ async fn a_corrupt_or_truncated_stored_snapshot_is_named_and_refused() {
     assert!(matches!(err, BackupError::AlreadyExists { .. }), "{err}");
     assert_eq!(std::fs::read(dir.path().join(&saved.name)).unwrap(), good);
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
+
+/// `k3s-control-plane etcd <args>` with the cluster's TLS files.
+async fn cli(c: &EtcdTestCluster, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("etcd")
+        .args(args)
+        .arg(format!("--endpoints={}", c.endpoints().join(",")))
+        .arg(format!("--cacert={}", c.ca_cert_path().display()))
+        .arg(format!("--cert={}", c.client_cert_path().display()))
+        .arg(format!("--key={}", c.client_key_path().display()))
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().await.unwrap()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn the_cli_saves_lists_verifies_and_prunes_through_the_same_engine() {
+    init();
+    let s3 = moto(&["backups"]);
+    let c = EtcdTestCluster::start(3).await.unwrap();
+    let endpoint = s3.endpoint();
+    let target = [
+        "--s3-endpoint",
+        endpoint.as_str(),
+        "--s3-bucket",
+        "backups",
+        "--s3-folder",
+        "cli",
+        "--s3-insecure",
+    ];
+    let creds = [
+        ("AWS_ACCESS_KEY_ID", s3.access_key_id()),
+        ("AWS_SECRET_ACCESS_KEY", s3.secret_access_key()),
+    ];
+    // Two saves a second apart (names are per second), the second keeping one.
+    let mut saved = Vec::new();
+    for retention in [None, Some("1")] {
+        let mut args = vec!["snapshot", "save", "--output", "json"];
+        args.extend(target);
+        if let Some(n) = retention {
+            args.extend(["--retention", n]);
+        }
+        let before = SystemTime::now();
+        let out = cli(&c, &creds, &args).await;
+        assert!(out.status.success(), "{}", text(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let name = json["saved"]["name"].as_str().unwrap().to_string();
+        assert!(name.starts_with("capi-on-demand-cp-"), "{name}");
+        saved.push((name, json["pruned"].clone()));
+        // The next name must be another second's.
+        let next = before + Duration::from_secs(1);
+        while SystemTime::now() < next {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        saved[1].1,
+        serde_json::json!([saved[0].0]),
+        "the older one pruned"
+    );
+
+    let mut args = vec!["snapshot", "list", "--output", "json"];
+    args.extend(target);
+    let out = cli(&c, &creds, &args).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["name"], saved[1].0.as_str());
+    assert_eq!(listed[0]["reason"], "on-demand");
+
+    let mut args = vec!["snapshot", "verify", saved[1].0.as_str()];
+    args.extend(target);
+    let out = cli(&c, &creds, &args).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("sha256"),
+        "{}",
+        text(&out)
+    );
+
+    // No credentials: refused before etcd or the bucket is reached, naming
+    // the variable.
+    let mut args = vec!["snapshot", "list"];
+    args.extend(target);
+    let out = cli(&c, &[], &args).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "error: AWS_ACCESS_KEY_ID: is empty"
+    );
+
+    // A paused member named as the source: refused, exit 2, nothing stored.
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().display().to_string();
+    let (index, _) = follower(&c).await;
+    c.pause(index).unwrap();
+    let out = cli(
+        &c,
+        &[],
+        &[
+            "snapshot",
+            "save",
+            "--dir",
+            &dir_arg,
+            "--member",
+            &c.member(index).name,
+        ],
+    )
+    .await;
+    c.resume(index).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not healthy"),
+        "{}",
+        text(&out)
+    );
+    assert!(files_under(dir.path()).is_empty());
+}
