@@ -746,3 +746,57 @@ async fn the_cli_saves_lists_verifies_and_prunes_through_the_same_engine() {
     );
     assert!(files_under(dir.path()).is_empty());
 }
+
+#[tokio::test]
+async fn an_https_endpoint_is_trusted_only_through_the_given_ca() {
+    init();
+    let ca = k3s_control_plane::harness::TestCa::new("s3-ca");
+    let s3 = MotoServer::start_tls(&["backups"], &ca).unwrap_or_else(|e| panic!("{e}"));
+    let config = s3.target("backups", "tls");
+    let TargetConfig::S3(with_ca) = &config else {
+        unreachable!()
+    };
+    assert!(!with_ca.insecure);
+
+    let target = Target::open(&config).unwrap();
+    target.check().await.unwrap();
+    let mut upload = target.put("capi-scheduled-cp-0-1").await.unwrap();
+    upload.write(b"bytes over verified TLS").await.unwrap();
+    upload.finish().await.unwrap();
+    assert_eq!(
+        names(&target).await,
+        vec!["capi-scheduled-cp-0-1".to_string()]
+    );
+
+    let without_ca = S3Config {
+        endpoint_ca_pem: None,
+        ..with_ca.clone()
+    };
+    let err = Target::open(&TargetConfig::S3(without_ca))
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
+    eprintln!("untrusted: {err}");
+    assert!(matches!(err, BackupError::Tls { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("spec.etcdBackup.target.s3.endpointCA:"),
+        "{err}"
+    );
+
+    let other_ca = S3Config {
+        endpoint_ca_pem: Some(
+            k3s_control_plane::harness::TestCa::new("other")
+                .pair
+                .cert_pem,
+        ),
+        ..with_ca.clone()
+    };
+    let err = Target::open(&TargetConfig::S3(other_ca))
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackupError::Tls { .. }), "{err}");
+}

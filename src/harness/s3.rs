@@ -29,6 +29,8 @@ pub enum MotoError {
 pub struct MotoServer {
     child: Child,
     addr: SocketAddr,
+    /// The CA the server's certificate chains to, when it serves HTTPS.
+    ca_pem: Option<String>,
     access_key_id: String,
     secret_access_key: String,
     _log: tempfile::TempDir,
@@ -40,8 +42,10 @@ pub struct MotoServer {
 const SETUP: &str = r#"
 import json, sys, urllib.request
 import boto3
+import os, ssl
 url, buckets = sys.argv[1], sys.argv[2:]
-kw = dict(endpoint_url=url, region_name="us-east-1",
+ca = os.environ.get("CA_FILE") or None
+kw = dict(endpoint_url=url, region_name="us-east-1", verify=ca if ca else True,
           aws_access_key_id="setup", aws_secret_access_key="setup")
 s3 = boto3.client("s3", **kw)
 for bucket in buckets:
@@ -53,7 +57,8 @@ iam.put_user_policy(UserName="backup", PolicyName="all", PolicyDocument=json.dum
 key = iam.create_access_key(UserName="backup")["AccessKey"]
 # text/plain: moto reads the raw body (a form body would be consumed as a form).
 urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset-auth", data=b"0", method="POST",
-                                              headers={"Content-Type": "text/plain"})).read()
+                                              headers={"Content-Type": "text/plain"}),
+                       context=ssl.create_default_context(cafile=ca) if ca else None).read()
 print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
 "#;
 
@@ -70,6 +75,22 @@ fn moto_dir() -> PathBuf {
 impl MotoServer {
     /// Start a server on a free loopback port with `buckets` made.
     pub fn start(buckets: &[&str]) -> Result<MotoServer, MotoError> {
+        Self::start_with(buckets, None)
+    }
+
+    /// [`Self::start`], serving HTTPS with a certificate for 127.0.0.1
+    /// issued by `ca`.
+    pub fn start_tls(
+        buckets: &[&str],
+        ca: &crate::harness::TestCa,
+    ) -> Result<MotoServer, MotoError> {
+        Self::start_with(buckets, Some(ca))
+    }
+
+    fn start_with(
+        buckets: &[&str],
+        ca: Option<&crate::harness::TestCa>,
+    ) -> Result<MotoServer, MotoError> {
         let dir = moto_dir();
         let server = dir.join("bin").join("moto_server");
         let python = dir.join("bin").join("python");
@@ -85,8 +106,31 @@ impl MotoServer {
         let log = tempfile::tempdir().map_err(|e| failed(e.to_string()))?;
         let log_file = std::fs::File::create(log.path().join("moto.log"))
             .map_err(|e| failed(e.to_string()))?;
-        let child = Command::new(&server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let mut command = Command::new(&server);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let mut ca_file = None;
+        if let Some(ca) = ca {
+            let serving = ca.issue(
+                "moto",
+                &[rcgen::SanType::IpAddress(std::net::IpAddr::V4(
+                    std::net::Ipv4Addr::LOCALHOST,
+                ))],
+                &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+            );
+            let write = |name: &str, pem: &str| {
+                let path = log.path().join(name);
+                std::fs::write(&path, pem)
+                    .map(|_| path)
+                    .map_err(|e| failed(e.to_string()))
+            };
+            command
+                .arg("--ssl-cert")
+                .arg(write("server.crt", &serving.cert_pem)?)
+                .arg("--ssl-key")
+                .arg(write("server.key", &serving.key_pem)?);
+            ca_file = Some(write("ca.crt", &ca.pair.cert_pem)?);
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().map_err(|e| failed(e.to_string()))?)
             .stderr(log_file)
@@ -95,6 +139,7 @@ impl MotoServer {
         let mut moto = MotoServer {
             child,
             addr,
+            ca_pem: ca.map(|ca| ca.pair.cert_pem.clone()),
             access_key_id: String::new(),
             secret_access_key: String::new(),
             _log: log,
@@ -105,6 +150,10 @@ impl MotoServer {
             .arg(SETUP)
             .arg(moto.url())
             .args(buckets)
+            .env(
+                "CA_FILE",
+                ca_file.as_deref().unwrap_or(std::path::Path::new("")),
+            )
             .output()
             .map_err(|e| failed(format!("{}: {e}", python.display())))?;
         if !out.status.success() {
@@ -149,9 +198,14 @@ impl MotoServer {
         std::fs::read_to_string(self._log.path().join("moto.log")).unwrap_or_default()
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when it serves TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// `127.0.0.1:<port>`, as k3s's `--etcd-s3-endpoint` takes it.
@@ -168,16 +222,16 @@ impl MotoServer {
     }
 
     /// A target on `bucket`/`folder` of this server, with its credentials
-    /// (plain HTTP: moto serves no TLS here).
+    /// (and its CA when it serves TLS).
     pub fn target(&self, bucket: &str, folder: &str) -> TargetConfig {
         TargetConfig::S3(S3Config {
             endpoint: self.endpoint(),
             bucket: bucket.to_string(),
             folder: folder.to_string(),
             region: String::new(),
-            insecure: true,
+            insecure: self.ca_pem.is_none(),
             skip_tls_verify: false,
-            endpoint_ca_pem: None,
+            endpoint_ca_pem: self.ca_pem.clone(),
             access_key_id: self.access_key_id.clone(),
             secret_access_key: self.secret_access_key.clone(),
             session_token: None,
@@ -190,7 +244,9 @@ const LIST_UPLOADS: &str = r#"
 import os, sys
 import boto3
 url, bucket = sys.argv[1], sys.argv[2]
+ca = os.environ.get("CA_FILE")
 s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                  verify=ca if ca and os.path.exists(ca) else True,
                   aws_access_key_id=os.environ["KEY_ID"], aws_secret_access_key=os.environ["KEY_SECRET"])
 for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
     print(upload["Key"])
@@ -205,6 +261,7 @@ impl MotoServer {
         let out = Command::new(&python)
             .arg("-c")
             .arg(LIST_UPLOADS)
+            .env("CA_FILE", self._log.path().join("ca.crt"))
             .arg(self.url())
             .arg(bucket)
             .env("KEY_ID", &self.access_key_id)
