@@ -800,3 +800,20 @@ async fn an_https_endpoint_is_trusted_only_through_the_given_ca() {
         .unwrap_err();
     assert!(matches!(err, BackupError::Tls { .. }), "{err}");
 }
+
+/// The controller runs these in spawned tasks: they must be `Send`
+/// (compiled, never run).
+#[allow(dead_code)]
+fn the_engine_futures_are_send(
+    etcd: &k3s_control_plane::etcd::EtcdCluster,
+    snap: &k3s_control_plane::etcd::MembershipSnapshot,
+    target: &Target,
+    name: &SnapshotName,
+) {
+    fn send<T: Send>(_: T) {}
+    send(backup::save(etcd, snap, 1, target, name, LIMIT));
+    send(backup::prune(target, &Retention::default(), SystemTime::now()));
+    send(backup::verify_stored(target, "x"));
+    send(target.check());
+    send(target.list());
+}
