@@ -6,7 +6,11 @@
 #   .tools/etcd-v3.5.1/ of this checkout (which this script owns);
 # - Debian's etcd 3.4 (etcd-server, etcd-client): the second pass of .ci/run
 #   runs the etcd-facing tests on it (ETCD_BIN=/usr/bin/etcd);
-# - protoc (etcd-client's build).
+# - protoc (etcd-client's build);
+# - moto's S3 server (PyPI `moto[server]`, pinned) in a venv under
+#   .tools/moto-v${MOTO_VERSION}/: the S3-compatible target the backup tests
+#   store snapshots in (src/harness/s3.rs); python3-venv from Debian if the
+#   venv module is missing.
 # Safe to run any number of times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +19,8 @@ need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 [ -x /usr/bin/etcdctl ] || need+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+# Debian splits ensurepip (which `python3 -m venv` needs) into python3-venv.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
@@ -53,5 +59,14 @@ with zipfile.ZipFile(wheel) as z:
         os.chmod(path, 0o755)
 PY
 fi
+MOTO_VERSION=5.2.6
+MOTO=.tools/moto-v${MOTO_VERSION}
+if [ ! -x "$MOTO/bin/moto_server" ] || ! "$MOTO/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('moto') != '${MOTO_VERSION}')" 2>/dev/null; then
+  echo "hack/setup.sh: installing moto[server] ${MOTO_VERSION} (PyPI) into $MOTO"
+  rm -rf "$MOTO"
+  python3 -m venv "$MOTO"
+  "$MOTO/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]==${MOTO_VERSION}"
+fi
+echo "hack/setup.sh: moto ${MOTO_VERSION} S3 server at $MOTO/bin/moto_server"
 echo "hack/setup.sh: etcd $("$TOOLS/etcd" --version 2>/dev/null | awk '/etcd Version/ {print $3}') in $TOOLS (tests' default)," \
   "etcd $(/usr/bin/etcd --version | awk '/etcd Version/ {print $3}') at /usr/bin/etcd (ETCD_BIN=/usr/bin/etcd), $(protoc --version)"

@@ -3,6 +3,7 @@
 //! control-plane machines.
 //!
 //! Layout (one concept per module):
+//! - [`backup`]: etcd snapshots into S3 or a directory: names, retention, verification.
 //! - [`etcd`]: mutual-TLS connections to each member, membership snapshot, operations.
 //! - [`membership`]: pure mapping of etcd members to Machines and Nodes.
 //! - [`quorum`]: pure safety arithmetic on the real membership.
@@ -25,6 +26,7 @@
 pub mod api;
 #[cfg(feature = "sandbox")]
 pub mod apiserver;
+pub mod backup;
 pub mod cli;
 pub mod components;
 pub mod controller;

@@ -1,6 +1,6 @@
 //! `k3s-control-plane etcd status | move-leader | remove-member | defrag |
-//! compact | alarm disarm`: inspect and operate on a k3s embedded etcd
-//! directly, over verified mutual TLS.
+//! compact | alarm disarm | snapshot save|list|verify`: inspect and operate
+//! on a k3s embedded etcd directly, over verified mutual TLS.
 //!
 //! Exit codes: 0 done, 1 bad input or etcd error, 2 refused as unsafe or
 //! quorum lost (the quorum assessment explains why; `status` prints what it
@@ -102,7 +102,16 @@ pub enum EtcdCommand {
         #[command(subcommand)]
         command: AlarmCommand,
     },
+    /// etcd snapshots in a directory or an S3 bucket, named as k3s names its
+    /// own (`capi-on-demand-<node>-<unix seconds>`).
+    Snapshot {
+        #[command(subcommand)]
+        command: snapshot::SnapshotCommand,
+    },
 }
+
+#[path = "etcd_snapshot.rs"]
+mod snapshot;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum AlarmCommand {
@@ -114,7 +123,7 @@ pub enum AlarmCommand {
 
 /// Why the command failed; each message is one line naming the flag or argument.
 #[derive(Debug, thiserror::Error)]
-enum CliError {
+pub(super) enum CliError {
     #[error("{0} is required")]
     Missing(&'static str),
     #[error("{0}")]
@@ -132,7 +141,7 @@ enum CliError {
 }
 
 impl CliError {
-    fn exit_code(&self) -> u8 {
+    pub(super) fn exit_code(&self) -> u8 {
         match self {
             CliError::Etcd(
                 EtcdError::UnsafeRemoval { .. }
@@ -153,6 +162,9 @@ impl From<EtcdError> for CliError {
 
 pub async fn run(args: EtcdArgs) -> ExitCode {
     crate::install_crypto_provider();
+    if let EtcdCommand::Snapshot { command } = &args.command {
+        return snapshot::run(&args, command).await;
+    }
     let output = args.output;
     let err_is_status = matches!(args.command, EtcdCommand::Status);
     match execute(args).await {
@@ -184,7 +196,7 @@ pub async fn run(args: EtcdArgs) -> ExitCode {
     }
 }
 
-fn one_line(text: &str) -> String {
+pub(super) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -193,7 +205,7 @@ fn flag(name: &str, path: &Path) -> String {
 }
 
 /// TLS from the flags; every problem names its flag.
-fn client_tls(args: &EtcdArgs) -> Result<ClientTls, CliError> {
+pub(super) fn client_tls(args: &EtcdArgs) -> Result<ClientTls, CliError> {
     let cacert = args.cacert.as_ref().ok_or(CliError::Missing("--cacert"))?;
     let ca_field = flag("--cacert", cacert);
     let ca_pem = read_pem_file(&ca_field, cacert)?;
@@ -223,7 +235,7 @@ fn client_tls(args: &EtcdArgs) -> Result<ClientTls, CliError> {
     )?)
 }
 
-fn endpoints(args: &EtcdArgs) -> Result<Vec<String>, CliError> {
+pub(super) fn endpoints(args: &EtcdArgs) -> Result<Vec<String>, CliError> {
     let urls: Vec<String> = args
         .endpoints
         .iter()
@@ -306,6 +318,7 @@ async fn execute(args: EtcdArgs) -> Result<(), CliError> {
                 Output::Text => println!("{}", describe_compaction(&compacted)),
             }
         }
+        EtcdCommand::Snapshot { .. } => unreachable!("dispatched in run"),
         EtcdCommand::Alarm {
             command: AlarmCommand::Disarm,
         } => {
@@ -412,7 +425,11 @@ fn describe_disarm(d: &Disarmed) -> String {
     }
 }
 
-fn resolve(snap: &MembershipSnapshot, arg: &'static str, given: &str) -> Result<u64, CliError> {
+pub(super) fn resolve(
+    snap: &MembershipSnapshot,
+    arg: &'static str,
+    given: &str,
+) -> Result<u64, CliError> {
     snap.find(given)
         .map(|m| m.id)
         .ok_or_else(|| CliError::UnknownMember {
@@ -427,7 +444,7 @@ fn resolve(snap: &MembershipSnapshot, arg: &'static str, given: &str) -> Result<
         })
 }
 
-fn print_json<T: Serialize>(value: &T) {
+pub(super) fn print_json<T: Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(text) => println!("{text}"),
         Err(err) => eprintln!("error: cannot encode JSON: {err}"),

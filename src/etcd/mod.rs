@@ -10,6 +10,7 @@
 //! - [`snapshot`]: the observed membership and its quorum views.
 //! - [`ops`]: move leader, remove member, safe remove.
 //! - [`serving_certs`]: each member's serving certificate expiry, from our handshakes.
+//! - [`save`]: stream a snapshot from one healthy voter, verified on the fly.
 //! - [`space`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space`].
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
@@ -17,6 +18,7 @@ pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod ops;
+pub mod save;
 pub mod serving_certs;
 pub mod snapshot;
 pub mod space;
@@ -27,6 +29,7 @@ pub use client::Timeouts;
 pub use cluster::{EtcdCluster, ListedMember};
 pub use error::EtcdError;
 pub use ops::{LeaderMove, Removal, SafeRemoval};
+pub use save::{SaveSnapshotError, SnapshotSink, StreamedSnapshot, snapshot_source};
 pub use snapshot::{
     ForeignCluster, MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id,
 };
