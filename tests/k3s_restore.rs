@@ -643,6 +643,12 @@ mod parsing {
                 Ok(Some(file("/s.db"))),
             ),
             (
+                "a pipe elsewhere is left alone",
+                vec!["echo ok | tee /tmp/x".into(), "k3s server --cluster-reset --cluster-reset-restore-path=/s.db".into()],
+                vec![],
+                Ok(Some(file("/s.db"))),
+            ),
+            (
                 "no reset at all: an ordinary join",
                 vec!["echo hello".into()],
                 vec![],

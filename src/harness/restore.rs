@@ -264,7 +264,19 @@ pub fn parse_restore(
                 field: field.clone(),
                 message,
             };
-            let chain = split_line(line).map_err(shell_err)?;
+            // A line the simulation cannot split (a pipe, `||`) matters
+            // only if it runs k3s or sources a file; any other is left alone.
+            let chain = match split_line(line) {
+                Ok(chain) => chain,
+                Err(_) if !line.contains("k3s") && !line.contains(". /") => {
+                    steps.push(Planned {
+                        step: PlannedStep::Other(line.clone()),
+                        after_success_of_previous: false,
+                    });
+                    continue;
+                }
+                Err(message) => return Err(shell_err(message)),
+            };
             for (n, (words, and)) in chain.into_iter().enumerate() {
                 let step = shell
                     .plan(config, &field, &words, line, files)
@@ -838,12 +850,29 @@ pub async fn resolve_files(
                 })?
             }
         };
-        if !file.encoding.is_empty() {
-            return Err(SandboxError(format!(
-                "KThreesConfig {name} spec.files[{i}].encoding {:?}: the simulation reads plain content only",
-                file.encoding
-            )));
-        }
+        let content = match file.encoding.as_str() {
+            "" => content,
+            "base64" => {
+                use base64::Engine;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(content.trim())
+                    .map_err(|e| {
+                        SandboxError(format!(
+                            "KThreesConfig {name} spec.files[{i}].content: not base64: {e}"
+                        ))
+                    })?;
+                String::from_utf8(bytes).map_err(|_| {
+                    SandboxError(format!(
+                        "KThreesConfig {name} spec.files[{i}].content: not text once decoded"
+                    ))
+                })?
+            }
+            other => {
+                return Err(SandboxError(format!(
+                    "KThreesConfig {name} spec.files[{i}].encoding {other:?}: the simulation reads plain and base64 content only"
+                )));
+            }
+        };
         out.push(NodeFile {
             path: file.path.clone(),
             permissions: file.permissions.clone(),
@@ -973,6 +1002,17 @@ pub async fn restore_plan_of(
             )));
         }
     };
+    // Only a config that resets is read further: an ordinary server's
+    // commands and files are none of the simulation's business.
+    if !config
+        .spec
+        .post_k3s_commands
+        .iter()
+        .chain(&config.spec.pre_k3s_commands)
+        .any(|c| c.contains("cluster-reset"))
+    {
+        return Ok(None);
+    }
     let files = resolve_files(client, &config).await?;
     let plan = parse_restore(&config.name_any(), &config.spec, &files)
         .map_err(|e| SandboxError(e.to_string()))?;
