@@ -271,10 +271,12 @@ pub async fn reconcile_infrastructure(
     }
     for m in &list.items {
         let name = m.name_any();
+        // A machine boots once: one whose restore failed stays as it is.
         let new = m.labels().contains_key(CONTROL_PLANE_LABEL)
             && !m.is_deleting()
             && m.node_name().is_none()
-            && !sandbox.machines.contains(&name);
+            && !sandbox.machines.contains(&name)
+            && !sandbox.restores.iter().any(|r| r.machine == name);
         if new {
             bootstrap_inputs(&sandbox.client(), &name).await?;
             pass.provisioned

@@ -382,6 +382,12 @@ impl Sandbox {
         self.management.client()
     }
 
+    /// The last restore `machine`'s boot carried out or tried
+    /// ([`super::restore`]), with every step it took.
+    pub fn restore_of(&self, machine: &str) -> Option<&super::restore::RestoreRecord> {
+        self.restores.iter().rev().find(|r| r.machine == machine)
+    }
+
     pub fn machines_api(&self) -> Api<Machine> {
         Api::namespaced(self.client(), NAMESPACE)
     }
