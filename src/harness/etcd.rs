@@ -1061,19 +1061,10 @@ impl EtcdTestCluster {
         Ok(index)
     }
 
-    /// What k3s's restore does to member `index`'s (stopped) data dir
-    /// (docs/k3s.md SR3): the dir is moved aside as `etcd-old-<unix time>`,
-    /// then etcd's own restore tool writes the snapshot into a fresh data dir
-    /// under the member's current name and peer URL as a one-member cluster:
-    /// `etcdutl snapshot restore` for etcd 3.5 and later, `etcdctl snapshot
-    /// restore` for 3.4 (which has no etcdutl). The tool verifies the
-    /// snapshot's hash; its refusal comes back with its output. Returns the
-    /// path the old data dir was moved to.
-    pub fn restore_snapshot(
-        &mut self,
-        index: usize,
-        snapshot: &Path,
-    ) -> Result<PathBuf, HarnessError> {
+    /// The first half of k3s's restore (docs/k3s.md SR3): member `index`'s
+    /// (stopped) data dir is moved aside as `etcd-old-<unix time>`, as k3s
+    /// renames `db/etcd`. Returns where it went.
+    pub fn move_data_aside(&mut self, index: usize) -> Result<PathBuf, HarnessError> {
         let member = self
             .members
             .get(index)
@@ -1087,17 +1078,37 @@ impl EtcdTestCluster {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let data = member.dir.join("data");
         let old = member.dir.join(format!("etcd-old-{stamp}"));
-        std::fs::rename(&data, &old).map_err(io(format!(
+        std::fs::rename(member.dir.join("data"), &old).map_err(io(format!(
             "move the data dir of {} aside to {}",
             member.name,
             old.display()
         )))?;
+        Ok(old)
+    }
+
+    /// The second half (SR3): etcd's own restore tool writes `snapshot`
+    /// into a fresh data dir of member `index`, under its current name and
+    /// peer URL, as a one-member cluster: `etcdutl snapshot restore` for
+    /// etcd 3.5 and later, `etcdctl snapshot restore` for 3.4 (which has no
+    /// etcdutl). The tool verifies the snapshot's hash; its refusal comes
+    /// back with its output. Returns the tool's name.
+    pub fn restore_snapshot(
+        &mut self,
+        index: usize,
+        snapshot: &Path,
+    ) -> Result<&'static str, HarnessError> {
+        let member = self
+            .members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        let data = member.dir.join("data");
         let binary = EtcdBinary::at(&self.bin)?;
         let (tool, mut cmd) = if binary.version >= (3, 5, 0) {
-            let etcdutl = binary.path.with_file_name("etcdutl");
-            ("etcdutl", Command::new(etcdutl))
+            (
+                "etcdutl",
+                Command::new(binary.path.with_file_name("etcdutl")),
+            )
         } else {
             let mut cmd = Command::new(binary.etcdctl());
             cmd.env("ETCDCTL_API", "3");
@@ -1132,7 +1143,7 @@ impl EtcdTestCluster {
                 ),
             });
         }
-        Ok(old)
+        Ok(tool)
     }
 
     /// The restored member `index` started as k3s's reset run starts it

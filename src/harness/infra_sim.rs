@@ -64,7 +64,7 @@ pub async fn provision(
     let started = Instant::now();
     let deadline = started + limit;
     // A Machine whose KThreesConfig restores a snapshot boots as the first
-    // server of the restored cluster instead of joining (docs/k3s.md SR*).
+    // server of the restored cluster instead of joining (docs/k3s.md SR1 to SR10).
     if let Some((plan, files)) = super::restore::restore_plan_of(&sandbox.client(), machine).await?
     {
         let restored =

@@ -1,5 +1,5 @@
 //! A k3s server restoring an etcd snapshot, as k3s does it (docs/k3s.md
-//! "Snapshot restore", rows SR1 to SR12), for the sandbox: a control-plane
+//! "Snapshot restore", rows SR1 to SR10), for the sandbox: a control-plane
 //! Machine whose KThreesConfig carries the restore commands boots, runs them
 //! the way cloud-init and k3s would, and becomes the first server of a
 //! cluster rebuilt from the snapshot, which later Machines join.
@@ -1406,38 +1406,15 @@ async fn reset_run(
         path: snapshot.clone(),
     });
     let before = node.member.clone().unwrap_or_default();
-    let old = sandbox
+    let to = sandbox
+        .etcd
+        .move_data_aside(index)
+        .map_err(|e| e.to_string())?;
+    actions.push(RestoreAction::DataMovedAside { to });
+    let tool = sandbox
         .etcd
         .restore_snapshot(index, &snapshot)
-        .map_err(|e| e.to_string());
-    // The data dir is moved aside before the tool runs, whatever it says.
-    let moved = sandbox
-        .etcd
-        .member_dir(index)
-        .read_dir()
-        .ok()
-        .and_then(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("etcd-old-"))
-                })
-                .max()
-        });
-    if let Some(to) = old.as_ref().ok().cloned().or(moved) {
-        actions.push(RestoreAction::DataMovedAside { to });
-    }
-    old?;
-    let tool = {
-        let binary = super::etcd_binary::EtcdBinary::find().map_err(|e| e.to_string())?;
-        if binary.version >= (3, 5, 0) {
-            "etcdutl"
-        } else {
-            "etcdctl"
-        }
-    };
+        .map_err(|e| e.to_string())?;
     actions.push(RestoreAction::SnapshotRestored {
         tool: tool.into(),
         member: before,
