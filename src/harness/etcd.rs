@@ -95,6 +95,8 @@ pub enum HarnessError {
     NoMember(usize),
     #[error("the cluster was not started partitionable (builder: .partitionable())")]
     NotPartitionable,
+    #[error("restore of etcd member {member}: {detail}")]
+    Restore { member: String, detail: String },
     #[error(transparent)]
     Etcd(#[from] EtcdError),
 }
@@ -192,6 +194,10 @@ pub struct TestMember {
     behind_proxy: bool,
     /// Runs a cluster of its own ([`EtcdTestCluster::restart_as_new_cluster`]).
     pub foreign_cluster: bool,
+    /// Belongs to the cluster a snapshot restore replaced
+    /// ([`EtcdTestCluster::adopt_restored`]): the harness no longer seeds
+    /// from it, waits for it, or sends membership requests to it.
+    pub retired: bool,
     dir: PathBuf,
     serving: PairFiles,
     peer: PairFiles,
@@ -358,6 +364,20 @@ impl TestMember {
             let _ = child.wait();
         }
     }
+}
+
+/// A member list as one member answered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnMembership {
+    pub cluster_id: u64,
+    pub members: Vec<OwnMember>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnMember {
+    pub id: u64,
+    pub name: String,
+    pub learner: bool,
 }
 
 /// Options for [`EtcdTestCluster`].
@@ -695,6 +715,7 @@ impl EtcdTestCluster {
             ip_in_serving_cert,
             behind_proxy: proxies.is_some(),
             foreign_cluster: false,
+            retired: false,
             dir: member_dir,
             serving,
             peer,
@@ -752,7 +773,10 @@ impl EtcdTestCluster {
     /// and they agree on one leader; record member ids.
     pub async fn wait_ready(&mut self) -> Result<MembershipSnapshot, HarnessError> {
         let running: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].child.is_some() && !self.members[i].foreign_cluster)
+            .filter(|&i| {
+                let m = &self.members[i];
+                m.child.is_some() && !m.foreign_cluster && !m.retired
+            })
             .collect();
         let names: Vec<(String, bool)> = running
             .iter()
@@ -879,7 +903,7 @@ impl EtcdTestCluster {
         let receiver = self
             .members
             .iter()
-            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster)
+            .find(|m| m.child.is_some() && !m.learner && !m.foreign_cluster && !m.retired)
             .ok_or(HarnessError::NoMember(0))?;
         Ok(self.transport.resolve(&receiver.client_url())?)
     }
@@ -1006,6 +1030,242 @@ impl EtcdTestCluster {
         }
     }
 
+    /// A new server booting as k3s's first server (no `server:` to join,
+    /// docs/k3s.md E5) on the next address of the block: named
+    /// `<node>-<8 hex>`, it starts a one-member cluster of its own
+    /// (`--initial-cluster-state new`). It is foreign to this cluster until
+    /// [`Self::adopt_restored`]. Returns its index.
+    pub async fn start_first_server_beside(&mut self) -> Result<usize, HarnessError> {
+        let index = self.members.len();
+        if index >= MAX_MEMBERS {
+            return Err(HarnessError::BadSize(index + 1));
+        }
+        let mut member = Self::new_member(
+            &self.pki,
+            &self._block,
+            self.dir.path(),
+            index,
+            true,
+            self.proxies.as_ref(),
+            self.hidden_clients,
+        )?;
+        if let Some(first) = self.members.first() {
+            member.raft_timing = first.raft_timing;
+        }
+        member.initial_cluster = format!("{}={}", member.name, member.peer_url());
+        member.initial_state = "new";
+        member.foreign_cluster = true;
+        self.members.push(member);
+        self.spawn(index)?;
+        self.wait_leading_alone(index).await?;
+        Ok(index)
+    }
+
+    /// The first half of k3s's restore (docs/k3s.md SR3): member `index`'s
+    /// (stopped) data dir is moved aside as `etcd-old-<unix time>`, as k3s
+    /// renames `db/etcd`. Returns where it went.
+    pub fn move_data_aside(&mut self, index: usize) -> Result<PathBuf, HarnessError> {
+        let member = self
+            .members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        if member.child.is_some() {
+            return Err(HarnessError::Restore {
+                member: member.name.clone(),
+                detail: "etcd is still running on its data dir".into(),
+            });
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let old = member.dir.join(format!("etcd-old-{stamp}"));
+        std::fs::rename(member.dir.join("data"), &old).map_err(io(format!(
+            "move the data dir of {} aside to {}",
+            member.name,
+            old.display()
+        )))?;
+        Ok(old)
+    }
+
+    /// The second half (SR3): etcd's own restore tool writes `snapshot`
+    /// into a fresh data dir of member `index`, under its current name and
+    /// peer URL, as a one-member cluster: `etcdutl snapshot restore` for
+    /// etcd 3.5 and later, `etcdctl snapshot restore` for 3.4 (which has no
+    /// etcdutl). The tool verifies the snapshot's hash; its refusal comes
+    /// back with its output. Returns the tool's name.
+    pub fn restore_snapshot(
+        &mut self,
+        index: usize,
+        snapshot: &Path,
+    ) -> Result<&'static str, HarnessError> {
+        let member = self
+            .members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        let data = member.dir.join("data");
+        let binary = EtcdBinary::at(&self.bin)?;
+        let (tool, mut cmd) = if binary.version >= (3, 5, 0) {
+            (
+                "etcdutl",
+                Command::new(binary.path.with_file_name("etcdutl")),
+            )
+        } else {
+            let mut cmd = Command::new(binary.etcdctl());
+            cmd.env("ETCDCTL_API", "3");
+            ("etcdctl", cmd)
+        };
+        cmd.arg("snapshot")
+            .arg("restore")
+            .arg(snapshot)
+            .arg("--name")
+            .arg(&member.name)
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--initial-cluster")
+            .arg(format!("{}={}", member.name, member.peer_url()))
+            .arg("--initial-advertise-peer-urls")
+            .arg(member.peer_url())
+            .stdin(Stdio::null());
+        let out = cmd.output().map_err(io(format!(
+            "run {tool} snapshot restore for {}",
+            member.name
+        )))?;
+        if !out.status.success() {
+            let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stdout));
+            return Err(HarnessError::Restore {
+                member: member.name.clone(),
+                detail: format!(
+                    "{tool} snapshot restore {}: {}: {}",
+                    snapshot.display(),
+                    out.status,
+                    text.trim()
+                ),
+            });
+        }
+        Ok(tool)
+    }
+
+    /// The restored member `index` started as k3s's reset run starts it
+    /// (docs/k3s.md SR4, CR1): under a new name `<node>-<8 hex>` with
+    /// `--force-new-cluster`, until it leads a cluster of which it is the
+    /// only member; then stopped, as that k3s run exits. Returns the name.
+    pub async fn start_reset_run(&mut self, index: usize) -> Result<String, HarnessError> {
+        let name = self.rename(index)?;
+        const FORCE: &str = "--force-new-cluster";
+        let member = &mut self.members[index];
+        member.initial_cluster = format!("{name}={}", member.peer_url());
+        member.initial_state = "new";
+        member.extra_args.push(FORCE.to_string());
+        self.spawn(index)?;
+        let alone = self.wait_leading_alone(index).await;
+        self.members[index].extra_args.retain(|a| a != FORCE);
+        alone?;
+        self.stop(index).await?;
+        Ok(name)
+    }
+
+    /// Start member `index` normally on its data dir (k3s's next start)
+    /// and wait until it leads its one-member cluster.
+    pub async fn start_alone(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.spawn(index)?;
+        self.wait_leading_alone(index).await
+    }
+
+    /// From now on member `index` (a restored one-member cluster) is this
+    /// cluster: every other member is retired (it belongs to the cluster
+    /// the restore replaced, and stays as it is, running or not), and the
+    /// harness's own handle is seeded from what is current.
+    pub fn adopt_restored(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.members
+            .get(index)
+            .ok_or(HarnessError::NoMember(index))?;
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if i == index {
+                m.foreign_cluster = false;
+                m.retired = false;
+                m.learner = false;
+            } else {
+                m.retired = true;
+            }
+        }
+        self.renew_admin()
+    }
+
+    /// Wait until member `index` lists itself as the only member of its
+    /// cluster and leads it; record its id.
+    async fn wait_leading_alone(&mut self, index: usize) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + self.ready_timeout;
+        let name = self.members[index].name.clone();
+        loop {
+            self.check_alive(&[index])?;
+            let last = match self.own_member_list(index).await {
+                Ok(own) => match own.members.as_slice() {
+                    [only] if only.name == name => match self.status(index).await {
+                        Ok(status) if status.leader == only.id => {
+                            let member = &mut self.members[index];
+                            member.id = only.id;
+                            member.learner = false;
+                            return Ok(());
+                        }
+                        Ok(status) => format!("leader {:016x}", status.leader),
+                        Err(err) => err.to_string(),
+                    },
+                    other => format!(
+                        "members {:?}",
+                        other.iter().map(|m| m.name.as_str()).collect::<Vec<_>>()
+                    ),
+                },
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: format!("{name} leading a one-member cluster"),
+                    after: self.ready_timeout,
+                    last,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The member list as member `index` itself answers it, with the cluster
+    /// id of its response header.
+    pub async fn own_member_list(&self, index: usize) -> Result<OwnMembership, EtcdError> {
+        let member = self.members.get(index).ok_or(EtcdError::MemberNotFound {
+            member: format!("index {index}"),
+        })?;
+        let endpoint = self.admin.clients.resolve(&member.client_url())?;
+        let resp = self
+            .admin
+            .clients
+            .call(
+                &endpoint,
+                "member list",
+                Duration::from_secs(3),
+                |mut c| async move { c.member_list().await },
+            )
+            .await?;
+        Ok(OwnMembership {
+            cluster_id: resp.header().map_or(0, |h| h.cluster_id()),
+            members: resp
+                .members()
+                .iter()
+                .map(|m| OwnMember {
+                    id: m.id(),
+                    name: m.name().to_string(),
+                    learner: m.is_learner(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Member `index`'s directory (k3s's `<data-dir>/server/db`: its data
+    /// dir `data` is k3s's `db/etcd`).
+    pub fn member_dir(&self, index: usize) -> &Path {
+        &self.members[index].dir
+    }
+
     /// `k3s server --cluster-reset` on member `index`, then its next normal
     /// start (docs/k3s.md CR1, CR2): every member stops; `index` forces a new
     /// one-member cluster from its own data under a new name `<node>-<8 hex>`
@@ -1044,7 +1304,7 @@ impl EtcdTestCluster {
         let seeds: Vec<String> = self
             .members
             .iter()
-            .filter(|m| m.ip_in_serving_cert)
+            .filter(|m| m.ip_in_serving_cert && !m.retired)
             .map(TestMember::client_url)
             .collect();
         self.admin = EtcdCluster::with_options(
@@ -1298,9 +1558,14 @@ impl EtcdTestCluster {
         &self.members[index]
     }
 
-    /// Client URLs of all members, in index order.
+    /// Client URLs of all members, in index order (those of a cluster a
+    /// snapshot restore replaced left out).
     pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(TestMember::client_url).collect()
+        self.members
+            .iter()
+            .filter(|m| !m.retired)
+            .map(TestMember::client_url)
+            .collect()
     }
 
     pub fn node_names(&self) -> Vec<String> {

@@ -6,6 +6,10 @@
 //!   then it is promoted once in sync;
 //! - [`decommission`]: a deleted Machine's server goes away (its etcd process
 //!   stops, CAPI deletes its Node).
+//! - a Machine whose KThreesConfig runs `k3s server --cluster-reset
+//!   --cluster-reset-restore-path` after its install restores that snapshot
+//!   instead of joining ([`super::restore`]), and the sandbox's etcd cluster
+//!   becomes the restored one: later Machines join it.
 //!
 //! The etcd member is real (a new etcd process with its own certificates);
 //! only the machine around it is simulated.
@@ -59,6 +63,23 @@ pub async fn provision(
 ) -> Result<Provisioned, SandboxError> {
     let started = Instant::now();
     let deadline = started + limit;
+    // A Machine whose KThreesConfig restores a snapshot boots as the first
+    // server of the restored cluster instead of joining (docs/k3s.md SR1 to SR10).
+    if let Some((plan, files)) = super::restore::restore_plan_of(&sandbox.client(), machine).await?
+    {
+        let restored =
+            super::restore::provision_restore(sandbox, machine, &plan, &files, limit).await?;
+        return Ok(Provisioned {
+            machine: restored.machine,
+            node: restored.node,
+            member: restored.member,
+            member_id: restored.member_id,
+            ip: restored.ip,
+            member_add_refusals: 0,
+            promote_attempts: 0,
+            took: started.elapsed(),
+        });
+    }
     let index = sandbox
         .etcd
         .add_learner()
@@ -250,10 +271,12 @@ pub async fn reconcile_infrastructure(
     }
     for m in &list.items {
         let name = m.name_any();
+        // A machine boots once: one whose restore failed stays as it is.
         let new = m.labels().contains_key(CONTROL_PLANE_LABEL)
             && !m.is_deleting()
             && m.node_name().is_none()
-            && !sandbox.machines.contains(&name);
+            && !sandbox.machines.contains(&name)
+            && !sandbox.restores.iter().any(|r| r.machine == name);
         if new {
             bootstrap_inputs(&sandbox.client(), &name).await?;
             pass.provisioned

@@ -12,6 +12,7 @@ pub mod k3s_agent;
 pub mod k3s_supervisor;
 pub mod our_crds;
 pub mod pki;
+pub mod restore;
 pub mod rollout;
 pub mod s3;
 pub mod sandbox;

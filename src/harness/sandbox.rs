@@ -89,6 +89,9 @@ pub async fn management_server() -> Result<TestApiServer, SandboxError> {
 pub async fn management_server_with(
     configure: impl FnOnce(TestApiServerBuilder) -> TestApiServerBuilder,
 ) -> Result<TestApiServer, SandboxError> {
+    // With object_store's S3 client, rustls has both ring and aws-lc-rs and
+    // no longer picks a provider itself: kube's client config would panic.
+    crate::install_crypto_provider();
     let server = configure(management_builder())
         .start()
         .await
@@ -334,6 +337,9 @@ pub struct Sandbox {
     _capi: MachineDeletionSim,
     /// Machine names, in member order (machine i runs member i).
     pub machines: Vec<String>,
+    /// What each snapshot restore did, in order, failed ones included
+    /// ([`super::restore`]).
+    pub restores: Vec<super::restore::RestoreRecord>,
 }
 
 impl Sandbox {
@@ -366,6 +372,7 @@ impl Sandbox {
             workload,
             _capi: capi,
             machines: vec![],
+            restores: vec![],
         };
         sandbox.populate(members).await?;
         Ok(sandbox)
@@ -373,6 +380,12 @@ impl Sandbox {
 
     pub fn client(&self) -> kube::Client {
         self.management.client()
+    }
+
+    /// The last restore `machine`'s boot carried out or tried
+    /// ([`super::restore`]), with every step it took.
+    pub fn restore_of(&self, machine: &str) -> Option<&super::restore::RestoreRecord> {
+        self.restores.iter().rev().find(|r| r.machine == machine)
     }
 
     pub fn machines_api(&self) -> Api<Machine> {
@@ -870,6 +883,7 @@ impl Sandbox {
             workload,
             _capi: capi,
             machines: vec![],
+            restores: vec![],
         }
     }
 
