@@ -6,11 +6,11 @@
 
 mod docker_support;
 
-use k3s_control_plane::api::kcp::{
-    KThreesControlPlaneRemediation, MachineReadinessGate, VERSION_MAX_LENGTH,
-};
 use k3s_control_plane::api::etcd_backup::{
     BackupTarget, EtcdBackup, FilesystemBackupTarget, S3BackupTarget,
+};
+use k3s_control_plane::api::kcp::{
+    KThreesControlPlaneRemediation, MachineReadinessGate, VERSION_MAX_LENGTH,
 };
 use k3s_control_plane::api::refs::ContractVersionedObjectReference;
 use k3s_control_plane::api::validate::Rule;

@@ -38,7 +38,7 @@ pub struct EtcdBackup {
     /// snapshots are taken only before member removals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
-    #[x_kube(validation = kube::core::Rule::new(format!("self.matches({})", super::kcp::cel_string(CRON_SHAPE_PATTERN))).message("spec.etcdBackup.schedule: must be a 5-field cron expression"))]
+    #[x_kube(validation = kube::core::Rule::new(format!("self.matches({})", super::cel::cel_string(CRON_SHAPE_PATTERN))).message("spec.etcdBackup.schedule: must be a 5-field cron expression"))]
     pub schedule: Option<String>,
     /// Which of this controller's snapshots are kept.
     #[serde(default, skip_serializing_if = "BackupRetention::is_empty")]
@@ -104,11 +104,16 @@ pub struct S3BackupTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub insecure: Option<bool>,
     /// A Secret in this namespace with `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY` (and optionally `AWS_SESSION_TOKEN`).
+    /// `AWS_SECRET_ACCESS_KEY` (and optionally `AWS_SESSION_TOKEN`): the
+    /// names k3s reads its S3 keys from. Required for an S3 target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<SecretName>,
     /// The endpoint's CA bundle (PEM), from a Secret key in this namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "endpointCASecret")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "endpointCASecret"
+    )]
     pub endpoint_ca_secret: Option<SecretKey>,
 }
 
@@ -192,7 +197,8 @@ impl EtcdBackupStatus {
 
     /// Record `snapshot` as the newest of its purpose; a success clears the failure.
     pub fn record(&mut self, snapshot: SnapshotRecord) {
-        self.last_snapshots.retain(|s| s.purpose != snapshot.purpose);
+        self.last_snapshots
+            .retain(|s| s.purpose != snapshot.purpose);
         self.last_snapshots.push(snapshot);
         self.last_snapshots.sort_by_key(|s| s.purpose);
         self.last_failure = None;

@@ -27,10 +27,7 @@ pub const K3S_VERSION_PATTERN: &str =
 /// bound on the string to accept the `split`/`substring` of the transition rules.
 pub const VERSION_MAX_LENGTH: usize = 64;
 
-/// `pattern` as a single-quoted CEL string literal.
-pub(crate) fn cel_string(pattern: &str) -> String {
-    format!("'{}'", pattern.replace('\\', "\\\\").replace('\'', "\\'"))
-}
+pub(crate) use super::cel::cel_string;
 
 /// CEL for the precedence of the k3s version in the CEL string `v`, as
 /// [`super::validate::K3sVersion`] orders it: major, minor, patch, k3s revision,

@@ -3,6 +3,7 @@
 //! and the validator that repeats the CRD's CEL rules on every reconcile.
 
 pub mod bootstrap;
+pub mod cel;
 pub mod cluster;
 pub mod conditions;
 pub mod contract;

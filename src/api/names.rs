@@ -61,6 +61,11 @@ pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
 /// Prefix of pre-terminate delete hooks; CAPI keeps the infrastructure until every
 /// annotation with this prefix is gone.
 pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+/// Set by a person on a KThreesControlPlane to let ONE member removal go
+/// ahead without its etcd snapshot (`spec.etcdBackup`): the value names the
+/// Machine, or the member's hex id for a member without a Machine.
+pub const ETCD_SNAPSHOT_WAIVED_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/etcd-snapshot-waived";
 /// Our own pre-terminate hook: held while the etcd member is being removed.
 pub const PRE_TERMINATE_HOOK_ANNOTATION: &str =
     "pre-terminate.delete.hook.machine.cluster.x-k8s.io/k3s-control-plane";

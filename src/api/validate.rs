@@ -228,17 +228,28 @@ fn validate_etcd_backup(
         if !missing.is_empty() {
             fail(
                 Rule::EtcdBackupS3EndpointAndBucket,
-                format!("endpoint and bucket are required (missing {})", missing.join(" and ")),
+                format!(
+                    "endpoint and bucket are required (missing {})",
+                    missing.join(" and ")
+                ),
             );
         }
     }
-    if let Some(fs) = target.filesystem.as_ref().filter(|f| !f.path.starts_with('/')) {
+    if let Some(fs) = target
+        .filesystem
+        .as_ref()
+        .filter(|f| !f.path.starts_with('/'))
+    {
         fail(
             Rule::EtcdBackupFilesystemPathAbsolute,
             format!("must be an absolute path (got {:?})", fs.path),
         );
     }
-    if let Some(schedule) = backup.schedule.as_deref().filter(|s| !CRON_SHAPE.is_match(s)) {
+    if let Some(schedule) = backup
+        .schedule
+        .as_deref()
+        .filter(|s| !CRON_SHAPE.is_match(s))
+    {
         fail(
             Rule::EtcdBackupScheduleShape,
             format!("must be a 5-field cron expression like \"0 */12 * * *\" (got {schedule:?})"),

@@ -387,6 +387,8 @@ impl TestApiServer {
 
     /// Like [`client`](Self::client), returning the error instead of panicking.
     pub fn try_client(&self) -> Result<kube::Client, Error> {
+        // object_store brings a second rustls provider: none is implied.
+        crate::install_crypto_provider();
         if self.tls.is_some() {
             return self.client_from(self.kubeconfig());
         }
@@ -410,6 +412,7 @@ impl TestApiServer {
     }
 
     fn client_from(&self, kubeconfig: Kubeconfig) -> Result<kube::Client, Error> {
+        crate::install_crypto_provider();
         let url = self.url();
         let config = kube::Config::try_from(kubeconfig).map_err(|source| Error::Kubeconfig {
             url: url.clone(),

@@ -37,6 +37,8 @@ pub struct Outcome {
     pub created: Option<String>,
     /// `status.lastRemediation` to record, if a replacement was created.
     pub last_remediation: Option<crate::api::RemediationData>,
+    /// The etcd snapshot taken (or attempted) for `spec.etcdBackup`.
+    pub snapshot: Option<crate::decision::etcd_backup::SnapshotOutcome>,
 }
 
 /// Carry out `plan.action`. `etcd` is the workload cluster's etcd, when managed.
@@ -84,6 +86,7 @@ pub async fn act(
                 .map_err(|source| Error::Etcd { step, source })?;
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
+            super::etcd_snapshot::consume_waiver(ctx, &kcps, world, *member, None).await;
             let moved = match &removed.leader_move {
                 Some(LeaderMove::Moved { to, .. }) => {
                     format!(" (it led etcd: leadership moved to {to})")
@@ -107,6 +110,26 @@ pub async fn act(
         }
         Action::EtcdSpace { step } => {
             act_on_space(ctx, world, plan, step, etcd).await?;
+            return Ok(outcome);
+        }
+        Action::EtcdSnapshot {
+            purpose,
+            from,
+            before_removal_of,
+        } => {
+            let etcd = require_etcd(&etcd, world, "etcd-snapshot")?;
+            outcome.snapshot = Some(
+                super::etcd_snapshot::take(
+                    ctx,
+                    world,
+                    plan,
+                    *purpose,
+                    *from,
+                    *before_removal_of,
+                    etcd,
+                )
+                .await?,
+            );
             return Ok(outcome);
         }
         Action::AddHooks { machines: names } => {
@@ -214,6 +237,14 @@ pub async fn act(
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
             info!(?removed, planned = %assessment, "etcd member removed");
+            super::etcd_snapshot::consume_waiver(
+                ctx,
+                &kcps,
+                world,
+                *member,
+                Some(&removal.machine),
+            )
+            .await;
         }
         Step::ReleaseHook { machine } => {
             // cluster-api-k3s's hook goes with ours, in the same write: the
@@ -503,7 +534,7 @@ fn observed_version(world: &World, machine: &str) -> serde_json::Value {
         .map_or(serde_json::Value::Null, serde_json::Value::String)
 }
 
-fn require_etcd(
+pub(super) fn require_etcd(
     etcd: &Option<Arc<EtcdCluster>>,
     world: &World,
     step: &str,

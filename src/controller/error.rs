@@ -33,6 +33,10 @@ pub enum Error {
     /// The action needs something the world does not offer (e.g. a template).
     #[error("act: {step}: {reason}")]
     Precondition { step: String, reason: String },
+    /// An etcd snapshot for `spec.etcdBackup` failed (recorded in
+    /// `status.etcdBackup.lastFailure` and `EtcdBackupReady` first).
+    #[error("act: etcd-snapshot: {0}")]
+    Snapshot(String),
     /// Writing status or conditions failed.
     #[error("status: {context}: {source}")]
     Status {
@@ -62,6 +66,7 @@ impl Error {
             Error::Observe { .. } | Error::Workload(_) => "observe",
             Error::Act { .. } | Error::Precondition { .. } => "act",
             Error::Etcd { .. } => "etcd",
+            Error::Snapshot(_) => "snapshot",
             Error::Status { .. } => "status",
         }
     }

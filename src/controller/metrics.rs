@@ -27,6 +27,14 @@ pub struct RemediationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EtcdSnapshotLabels {
+    /// before-removal, scheduled.
+    pub purpose: String,
+    /// taken, failed.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EtcdOpLabels {
     /// snapshot, move_leader, remove_member.
     pub operation: String,
@@ -97,6 +105,8 @@ pub struct Metrics {
     pub released_control_planes: Counter,
     pub errors: Family<ErrorLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
+    /// etcd snapshots for `spec.etcdBackup`, by purpose and outcome.
+    pub etcd_snapshots: Family<EtcdSnapshotLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
     pub reconcile_seconds: Histogram,
     /// 1 while this process leads (holds a valid Lease, or election is
@@ -143,6 +153,7 @@ impl Metrics {
             released_control_planes: Counter::default(),
             errors: Family::default(),
             remediations: Family::default(),
+            etcd_snapshots: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.001, 2.0, 16))
             }),
@@ -206,6 +217,11 @@ impl Metrics {
             "remediations",
             "Remediation and scale-down decisions by outcome",
             metrics.remediations.clone(),
+        );
+        sub.register(
+            "etcd_snapshots",
+            "etcd snapshots taken for spec.etcdBackup, by purpose and outcome",
+            metrics.etcd_snapshots.clone(),
         );
         sub.register(
             "etcd_operation_duration_seconds",
@@ -468,6 +484,15 @@ impl Metrics {
     pub fn remediation(&self, outcome: &str) {
         self.remediations
             .get_or_create(&RemediationLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn etcd_snapshot(&self, purpose: &str, outcome: &str) {
+        self.etcd_snapshots
+            .get_or_create(&EtcdSnapshotLabels {
+                purpose: purpose.to_string(),
                 outcome: outcome.to_string(),
             })
             .inc();

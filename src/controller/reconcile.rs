@@ -443,10 +443,18 @@ async fn act_on_plan(
             return Err(err);
         }
     };
-    let status = decision.status_after(outcome.last_remediation);
+    let snapshot_failed = match &outcome.snapshot {
+        Some(crate::decision::etcd_backup::SnapshotOutcome::Failed(f)) => Some(f.message.clone()),
+        _ => None,
+    };
+    let status = decision.status_after(&world, outcome.last_remediation, outcome.snapshot);
     let status_changed = kcp.status.as_ref() != Some(&status);
     write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, decision.acts(), &status).await?;
     announce(ctx, kcp, &decision, status_changed).await;
+    if let Some(message) = snapshot_failed {
+        // Recorded and announced: retried at this object's error backoff.
+        return Err(Error::Snapshot(message));
+    }
 
     match &plan.action {
         Action::Wait => {
@@ -472,7 +480,10 @@ async fn act_on_plan(
         Action::CreateMachine
         | Action::AddHooks { .. }
         | Action::RemoveOrphan { .. }
-        | Action::EtcdSpace { .. } => Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200)))),
+        | Action::EtcdSpace { .. }
+        | Action::EtcdSnapshot { .. } => {
+            Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
+        }
     }
 }
 
@@ -606,7 +617,12 @@ fn touches_etcd(action: &Action) -> bool {
             )
         }
         Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
-        Action::CreateMachine | Action::AddHooks { .. } | Action::Wait | Action::Idle => false,
+        // A snapshot reads etcd and changes nothing in it.
+        Action::CreateMachine
+        | Action::AddHooks { .. }
+        | Action::EtcdSnapshot { .. }
+        | Action::Wait
+        | Action::Idle => false,
     }
 }
 

@@ -26,12 +26,14 @@ pub async fn write_kcp_status(
     }
     // Conditional on the version the status was computed from: a concurrent
     // writer (another replica, a user) makes this a 409 and we observe again.
-    let mut patch =
-        json!({"metadata": {"resourceVersion": kcp.resource_version()}, "status": status});
-    if status.etcd.is_none() {
-        // A merge patch keeps what it does not name: null removes it.
-        patch["status"]["etcd"] = serde_json::Value::Null;
+    let mut new = serde_json::to_value(status).unwrap_or_default();
+    if let Some(old) = &kcp.status {
+        // A merge patch keeps what it does not name: what the new status
+        // dropped (status.etcd when etcd was not read, lastFailure after a
+        // success) is named with null.
+        null_what_was_dropped(&serde_json::to_value(old).unwrap_or_default(), &mut new);
     }
+    let patch = json!({"metadata": {"resourceVersion": kcp.resource_version()}, "status": new});
     writes.started(kcp);
     let written = api
         .patch_status(
@@ -46,6 +48,22 @@ pub async fn write_kcp_status(
         })?;
     writes.finished(&written);
     Ok(())
+}
+
+/// Add `null` to `new` for every object key `old` has and `new` lacks, at
+/// any depth (arrays are replaced whole by a merge patch). Pure.
+fn null_what_was_dropped(old: &serde_json::Value, new: &mut serde_json::Value) {
+    let (Some(old), Some(new)) = (old.as_object(), new.as_object_mut()) else {
+        return;
+    };
+    for (key, old_value) in old {
+        match new.get_mut(key) {
+            None => {
+                new.insert(key.clone(), serde_json::Value::Null);
+            }
+            Some(new_value) => null_what_was_dropped(old_value, new_value),
+        }
+    }
 }
 
 /// Write `status` computed from `observed`. When this reconcile `acted` (an
@@ -114,4 +132,32 @@ pub async fn write_machine_conditions(
             source,
         })?;
     Ok(Some(written))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::null_what_was_dropped;
+    use serde_json::json;
+
+    #[test]
+    fn a_merge_patch_names_what_the_new_status_dropped() {
+        let old = json!({
+            "etcd": {"members": 3},
+            "etcdBackup": {"lastSnapshots": [{"name": "a"}], "lastFailure": {"message": "down"}},
+            "replicas": 3,
+        });
+        let mut new = json!({
+            "etcdBackup": {"lastSnapshots": [{"name": "b"}]},
+            "replicas": 3,
+        });
+        null_what_was_dropped(&old, &mut new);
+        assert_eq!(
+            new,
+            json!({
+                "etcd": null,
+                "etcdBackup": {"lastSnapshots": [{"name": "b"}], "lastFailure": null},
+                "replicas": 3,
+            })
+        );
+    }
 }

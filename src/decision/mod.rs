@@ -5,6 +5,7 @@
 //! Events, `inspect` and the demo read the same record.
 
 pub mod contract_conditions;
+pub mod etcd_backup;
 pub mod events;
 pub mod plan;
 pub mod record;

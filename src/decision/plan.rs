@@ -48,6 +48,14 @@ pub enum Action {
     },
     /// One step on etcd's space (`run --etcd-space-care`).
     EtcdSpace { step: crate::space::SpaceStep },
+    /// Save a verified etcd snapshot, streamed from member `from`, to the
+    /// target of `spec.etcdBackup`: before removing `before_removal_of`, or
+    /// as the schedule asks.
+    EtcdSnapshot {
+        purpose: crate::api::etcd_backup::SnapshotPurpose,
+        from: u64,
+        before_removal_of: Option<u64>,
+    },
     /// Nothing can be done now; the rule and message say why.
     Wait,
     /// Nothing to do.
@@ -113,6 +121,7 @@ impl Plan {
             Action::CreateMachine => "create-machine".to_string(),
             Action::RemoveOrphan { .. } => "remove-orphan-member".to_string(),
             Action::EtcdSpace { step } => format!("etcd-{}", step.name()),
+            Action::EtcdSnapshot { .. } => "etcd-snapshot".to_string(),
             Action::Wait => "wait".to_string(),
             Action::Idle => "idle".to_string(),
         };
@@ -184,7 +193,10 @@ pub fn plan_on(
         .max_surge()
         .unwrap_or(crate::api::kcp::DEFAULT_MAX_SURGE);
     let space = space.and_then(|s| s.decision.as_ref());
-    let (action, rule, message) = choose(&view, &remediation, &orphans, space, max_surge);
+    let (action, rule, message) = backup_gate(
+        world,
+        choose(&view, &remediation, &orphans, space, max_surge),
+    );
     Ok(Plan {
         view,
         mapping,
@@ -261,6 +273,71 @@ fn orphan_input(world: &World, mapping: Option<&MembershipMap>) -> OrphanInput {
         },
         first_seen: world.members_first_seen.clone(),
         grace: world.orphan_grace,
+    }
+}
+
+/// The backup rule on the chosen action (`spec.etcdBackup`,
+/// [`super::etcd_backup`]): a member removal waits for its snapshot; an
+/// idle pass takes the scheduled one when due.
+fn backup_gate(world: &World, chosen: (Action, String, String)) -> (Action, String, String) {
+    use super::etcd_backup::{
+        RULE_BEFORE_REMOVAL, RULE_NO_SOURCE, RULE_SCHEDULED, RemovalGate, before_removal,
+        scheduled_snapshot, waiver,
+    };
+    use crate::api::etcd_backup::SnapshotPurpose;
+    let backup = world.kcp.spec.etcd_backup.as_ref();
+    if backup.is_none() {
+        return chosen;
+    }
+    let status = world
+        .kcp
+        .status
+        .as_ref()
+        .and_then(|s| s.etcd_backup.as_ref());
+    let (member, machine) = match &chosen.0 {
+        Action::Step {
+            removal,
+            step: Step::RemoveMember { member, .. },
+        } => (*member, Some(removal.machine.as_str())),
+        Action::RemoveOrphan { member, .. } => (*member, None),
+        Action::Idle => {
+            return match scheduled_snapshot(backup, status, world.snapshot(), world.now) {
+                Some((from, message)) => (
+                    Action::EtcdSnapshot {
+                        purpose: SnapshotPurpose::Scheduled,
+                        from,
+                        before_removal_of: None,
+                    },
+                    RULE_SCHEDULED.into(),
+                    message,
+                ),
+                None => chosen,
+            };
+        }
+        _ => return chosen,
+    };
+    let gate = before_removal(
+        backup,
+        status,
+        waiver(&world.kcp),
+        world.snapshot(),
+        member,
+        machine,
+    );
+    let (action, rule, message) = chosen;
+    match gate {
+        RemovalGate::NoTarget => (action, rule, message),
+        RemovalGate::Passed { note } => (action, rule, format!("{message} ({note})")),
+        RemovalGate::Take { from, message } => (
+            Action::EtcdSnapshot {
+                purpose: SnapshotPurpose::BeforeRemoval,
+                from,
+                before_removal_of: Some(member),
+            },
+            RULE_BEFORE_REMOVAL.into(),
+            message,
+        ),
+        RemovalGate::Wait { message } => (Action::Wait, RULE_NO_SOURCE.into(), message),
     }
 }
 

@@ -116,6 +116,9 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         );
         set_condition(&mut status, condition);
     }
+    if !matches!(lifecycle, Lifecycle::Paused { .. }) {
+        set_backup_condition(world, &mut status);
+    }
     let certificate_annotations = world
         .machines
         .iter()
@@ -253,6 +256,22 @@ fn certificates_condition(
 }
 
 /// Set `condition` on `status` and on its v1beta1 mirror.
+/// `EtcdBackupReady` from `spec.etcdBackup` and `status.etcdBackup` (gone
+/// with the target).
+fn set_backup_condition(world: &World, status: &mut KThreesControlPlaneStatus) {
+    use super::etcd_backup::{ETCD_BACKUP_READY, condition, to_condition};
+    match condition(
+        world.kcp.spec.etcd_backup.as_ref(),
+        status.etcd_backup.as_ref(),
+        world.now,
+    ) {
+        Some(value) => set_condition(status, to_condition(value, world.kcp.metadata.generation)),
+        None => {
+            crate::api::conditions::remove(&mut status.conditions, ETCD_BACKUP_READY);
+        }
+    }
+}
+
 fn set_condition(status: &mut KThreesControlPlaneStatus, condition: Condition) {
     for mirrored in v1beta1_mirror(std::slice::from_ref(&condition)) {
         let deprecated = status
@@ -308,6 +327,7 @@ impl Decision {
                     | Action::CreateMachine
                     | Action::RemoveOrphan { .. }
                     | Action::EtcdSpace { .. }
+                    | Action::EtcdSnapshot { .. }
             ),
             Some(Err(_)) => false,
         }
@@ -317,11 +337,17 @@ impl Decision {
     /// remediation it recorded, if any).
     pub fn status_after(
         &self,
+        world: &World,
         last_remediation: Option<RemediationData>,
+        snapshot: Option<super::etcd_backup::SnapshotOutcome>,
     ) -> KThreesControlPlaneStatus {
         let mut status = self.status.clone();
         if let Some(recorded) = last_remediation {
             status.last_remediation = Some(recorded);
+        }
+        if let Some(outcome) = snapshot {
+            super::etcd_backup::record_outcome(&mut status.etcd_backup, outcome);
+            set_backup_condition(world, &mut status);
         }
         status
     }
@@ -523,7 +549,7 @@ mod tests {
     fn the_status_after_acting_adds_the_recorded_remediation_only() {
         let w = world(valid_spec(), Some("c"));
         let decision = decide(&w, proceed(&w));
-        assert_eq!(decision.status_after(None), decision.status);
+        assert_eq!(decision.status_after(&w, None, None), decision.status);
         let recorded = RemediationData {
             machine: "m1".into(),
             timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -531,7 +557,7 @@ mod tests {
             ),
             retry_count: 1,
         };
-        let after = decision.status_after(Some(recorded.clone()));
+        let after = decision.status_after(&w, Some(recorded.clone()), None);
         assert_eq!(after.last_remediation, Some(recorded));
         assert_eq!(after.conditions, decision.status.conditions);
     }

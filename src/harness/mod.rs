@@ -13,6 +13,7 @@ pub mod k3s_supervisor;
 pub mod our_crds;
 pub mod pki;
 pub mod restore;
+pub mod restore_record;
 pub mod rollout;
 pub mod s3;
 pub mod sandbox;

@@ -239,17 +239,21 @@ impl MotoServer {
     }
 }
 
-/// Lists the multipart uploads in progress in a bucket, one key a line.
-const LIST_UPLOADS: &str = r#"
+/// One S3 call with the server's key: `list-uploads` prints the multipart
+/// uploads in progress in a bucket, one key a line; `create-bucket` makes one.
+const S3_CALL: &str = r#"
 import os, sys
 import boto3
-url, bucket = sys.argv[1], sys.argv[2]
+url, op, bucket = sys.argv[1], sys.argv[2], sys.argv[3]
 ca = os.environ.get("CA_FILE")
 s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
                   verify=ca if ca and os.path.exists(ca) else True,
                   aws_access_key_id=os.environ["KEY_ID"], aws_secret_access_key=os.environ["KEY_SECRET"])
-for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
-    print(upload["Key"])
+if op == "create-bucket":
+    s3.create_bucket(Bucket=bucket)
+else:
+    for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        print(upload["Key"])
 "#;
 
 impl MotoServer {
@@ -257,12 +261,26 @@ impl MotoServer {
     /// completed nor aborted (S3 `ListMultipartUploads`): what a failed
     /// upload that was not aborted leaves behind, invisible to a listing.
     pub fn multipart_uploads(&self, bucket: &str) -> Result<Vec<String>, MotoError> {
+        Ok(self
+            .s3_call("list-uploads", bucket)?
+            .lines()
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Make `bucket` (a target that failed for want of it works again).
+    pub fn create_bucket(&self, bucket: &str) -> Result<(), MotoError> {
+        self.s3_call("create-bucket", bucket).map(|_| ())
+    }
+
+    fn s3_call(&self, op: &str, bucket: &str) -> Result<String, MotoError> {
         let python = moto_dir().join("bin").join("python");
         let out = Command::new(&python)
             .arg("-c")
-            .arg(LIST_UPLOADS)
+            .arg(S3_CALL)
             .env("CA_FILE", self._log.path().join("ca.crt"))
             .arg(self.url())
+            .arg(op)
             .arg(bucket)
             .env("KEY_ID", &self.access_key_id)
             .env("KEY_SECRET", &self.secret_access_key)
@@ -270,14 +288,11 @@ impl MotoServer {
             .map_err(|e| MotoError::Failed(format!("{}: {e}", python.display())))?;
         if !out.status.success() {
             return Err(MotoError::Failed(format!(
-                "listing multipart uploads failed: {}",
+                "{op} {bucket} failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 

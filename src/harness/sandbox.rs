@@ -339,7 +339,7 @@ pub struct Sandbox {
     pub machines: Vec<String>,
     /// What each snapshot restore did, in order, failed ones included
     /// ([`super::restore`]).
-    pub restores: Vec<super::restore::RestoreRecord>,
+    pub restores: Vec<super::restore_record::RestoreRecord>,
 }
 
 impl Sandbox {
@@ -384,7 +384,7 @@ impl Sandbox {
 
     /// The last restore `machine`'s boot carried out or tried
     /// ([`super::restore`]), with every step it took.
-    pub fn restore_of(&self, machine: &str) -> Option<&super::restore::RestoreRecord> {
+    pub fn restore_of(&self, machine: &str) -> Option<&super::restore_record::RestoreRecord> {
         self.restores.iter().rev().find(|r| r.machine == machine)
     }
 

@@ -240,6 +240,18 @@ pub fn render_text(report: &Report) -> String {
             report.rollout.outdated.join(", ")
         )
     });
+    if let Some(backup) = &report.backup {
+        line(format!(
+            "etcd backup: {} to {}: {}",
+            if backup.ready {
+                "ready"
+            } else {
+                backup.reason.as_str()
+            },
+            backup.target,
+            backup.message
+        ));
+    }
     let next = &report.next;
     line(format!("next: {}: {}", next.short(), next.message));
     out

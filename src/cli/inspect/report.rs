@@ -36,7 +36,22 @@ pub struct Report {
     pub space: Option<SpaceReport>,
     /// Each usable cluster CA: its Secret and when it expires.
     pub cluster_cas: Vec<CaReport>,
+    /// `spec.etcdBackup`; absent without a target.
+    pub backup: Option<BackupReport>,
     pub next: NextReport,
+}
+
+/// The snapshots of `spec.etcdBackup`, as `EtcdBackupReady` says.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReport {
+    /// `s3://bucket/folder at endpoint` or the directory.
+    pub target: String,
+    pub ready: bool,
+    pub reason: String,
+    pub message: String,
+    /// The newest snapshot of each purpose.
+    pub last_snapshots: Vec<crate::api::etcd_backup::SnapshotRecord>,
 }
 
 /// One cluster CA's expiry.
@@ -531,6 +546,7 @@ impl Report {
                     not_after: *at,
                 })
                 .collect(),
+            backup: backup_report(world),
             quorum: snapshot.map(|snap| {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
@@ -545,6 +561,34 @@ impl Report {
 }
 
 /// The report of hand-built worlds: pure, no cluster needed.
+fn backup_report(world: &World) -> Option<BackupReport> {
+    let backup = world.kcp.spec.etcd_backup.as_ref()?;
+    let status = world
+        .kcp
+        .status
+        .as_ref()
+        .and_then(|s| s.etcd_backup.as_ref());
+    let (ready, reason, message) =
+        crate::decision::etcd_backup::condition(Some(backup), status, world.now)?;
+    let target = match (&backup.target.s3, &backup.target.filesystem) {
+        (Some(s3), _) => format!(
+            "s3://{}/{} at {}",
+            s3.bucket,
+            s3.folder.as_deref().unwrap_or_default(),
+            s3.endpoint
+        ),
+        (None, Some(fs)) => fs.path.clone(),
+        (None, None) => "(none)".into(),
+    };
+    Some(BackupReport {
+        target,
+        ready,
+        reason: reason.into(),
+        message,
+        last_snapshots: status.map(|s| s.last_snapshots.clone()).unwrap_or_default(),
+    })
+}
+
 #[cfg(test)]
 mod report_tests {
     use std::net::IpAddr;
