@@ -812,7 +812,11 @@ fn the_engine_futures_are_send(
 ) {
     fn send<T: Send>(_: T) {}
     send(backup::save(etcd, snap, 1, target, name, LIMIT));
-    send(backup::prune(target, &Retention::default(), SystemTime::now()));
+    send(backup::prune(
+        target,
+        &Retention::default(),
+        SystemTime::now(),
+    ));
     send(backup::verify_stored(target, "x"));
     send(target.check());
     send(target.list());
