@@ -8,7 +8,7 @@
 #   runs the etcd-facing tests on it (ETCD_BIN=/usr/bin/etcd);
 # - protoc (etcd-client's build);
 # - moto's S3 server (PyPI `moto[server]`, pinned) in a venv under
-#   .tools/moto-v${MOTO_VERSION}/: the S3-compatible target the backup tests
+#   .tools/moto-v5.2.6/: the S3-compatible target the backup tests
 #   store snapshots in (src/harness/s3.rs); python3-venv from Debian if the
 #   venv module is missing.
 # Safe to run any number of times.

@@ -209,8 +209,11 @@ impl Target {
             Ok(_) => return Err(invalid(format!("{} is not a directory", path.display()))),
             Err(e) => return Err(invalid(format!("{}: {e}", path.display()))),
         }
+        // fsync the file and its directory before the rename that publishes
+        // it: a backup that a crash can lose is no backup (etcdctl syncs too).
         let store = LocalFileSystem::new_with_prefix(path)
-            .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+            .map_err(|e| invalid(format!("{}: {e}", path.display())))?
+            .with_fsync(true);
         Ok(Target {
             store: Arc::new(store),
             folder: ObjectPath::default(),
