@@ -16,7 +16,7 @@ use k3s_control_plane::decision::etcd_backup::{
     ETCD_BACKUP_READY, REASON_READY, REASON_SNAPSHOT_FAILED,
 };
 use k3s_control_plane::harness::s3::MotoServer;
-use k3s_control_plane::harness::sandbox::{NAMESPACE, Sandbox};
+use k3s_control_plane::harness::sandbox::{CLUSTER, NAMESPACE, Sandbox};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
@@ -160,7 +160,7 @@ async fn a_remediation_waits_for_its_snapshot_while_the_bucket_is_missing_then_s
         "snapshot revision {} not between {written_before} and {written_after}",
         record.revision
     );
-    let names = stored(&s3.target("snapshots", "demo")).await;
+    let names = stored(&s3.target("snapshots", &format!("demo/{NAMESPACE}/{CLUSTER}"))).await;
     assert!(
         names.contains(&record.name),
         "{names:?} lacks {}",
@@ -168,7 +168,12 @@ async fn a_remediation_waits_for_its_snapshot_while_the_bucket_is_missing_then_s
     );
     let parsed = SnapshotName::parse(&record.name).unwrap();
     assert_eq!(parsed.reason(), Some(SnapshotReason::BeforeRemoval));
-    let target_store = Target::open(&s3.target("snapshots", "demo")).unwrap();
+    assert_eq!(
+        record.location,
+        format!("s3://snapshots/demo/{NAMESPACE}/{CLUSTER}/{}", record.name)
+    );
+    let target_store =
+        Target::open(&s3.target("snapshots", &format!("demo/{NAMESPACE}/{CLUSTER}"))).unwrap();
     let verified = k3s_control_plane::backup::verify_stored(&target_store, &record.name)
         .await
         .unwrap();
@@ -250,8 +255,11 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_snapshot_is_taken_when_due_and_retention_prunes_only_ours() {
     init_logs();
-    let dir = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
     let sandbox = Sandbox::start(1).await.unwrap();
+    // Each cluster's snapshots are under <path>/<namespace>/<cluster>.
+    let dir = root.path().join(NAMESPACE).join(CLUSTER);
+    std::fs::create_dir_all(&dir).unwrap();
     let node = sandbox.etcd.member(0).node_name.clone();
     // Two older snapshots of ours and one of k3s's own.
     let day = Duration::from_secs(86_400);
@@ -265,14 +273,14 @@ async fn a_scheduled_snapshot_is_taken_when_due_and_retention_prunes_only_ours()
         })
         .collect();
     for name in &old {
-        std::fs::write(dir.path().join(name), b"old").unwrap();
+        std::fs::write(dir.join(name), b"old").unwrap();
     }
     let k3s_own = format!("etcd-snapshot-{node}-1700000000");
-    std::fs::write(dir.path().join(&k3s_own), b"k3s").unwrap();
+    std::fs::write(dir.join(&k3s_own), b"k3s").unwrap();
     patch_kcp_spec(
         &sandbox,
         json!({"etcdBackup": {
-            "target": {"filesystem": {"path": dir.path()}},
+            "target": {"filesystem": {"path": root.path()}},
             // Yearly: its last occurrence has no snapshot yet, so it is due now.
             "schedule": "0 0 1 1 *",
             "retention": {"count": 2},
@@ -290,9 +298,7 @@ async fn a_scheduled_snapshot_is_taken_when_due_and_retention_prunes_only_ours()
         })
         .await
         .unwrap();
-    let config = TargetConfig::Filesystem {
-        path: dir.path().to_path_buf(),
-    };
+    let config = TargetConfig::Filesystem { path: dir.clone() };
     let names = sandbox
         .wait_for("the oldest of ours pruned", LIMIT, || async {
             let names = stored(&config).await;

@@ -91,7 +91,9 @@ pub struct S3BackupTarget {
     #[serde(default)]
     #[schemars(length(max = 63))]
     pub bucket: String,
-    /// Folder (key prefix) in the bucket (k3s `--etcd-s3-folder`).
+    /// Folder (key prefix) in the bucket; each cluster's snapshots go under
+    /// `<folder>/<namespace>/<cluster>/` (what k3s's `--etcd-s3-folder` then
+    /// takes to restore one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub folder: Option<String>,
@@ -118,7 +120,8 @@ pub struct S3BackupTarget {
 }
 
 /// `spec.etcdBackup.target.filesystem`: a directory of the controller's
-/// own (a mounted volume). A restore needs the file on a server, so such
+/// own (a mounted volume); each cluster's snapshots go under
+/// `<path>/<namespace>/<cluster>/`. A restore needs the file on a server, so such
 /// snapshots restore only where a person copies them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -217,6 +220,9 @@ pub struct SnapshotRecord {
     /// The store's revision when it was taken.
     pub revision: i64,
     pub size_bytes: i64,
+    /// Where it is: `s3://<bucket>/<key>` or a file path.
+    #[serde(default)]
+    pub location: String,
     /// The member it was streamed from.
     pub source_member: String,
     /// BeforeRemoval: the member (hex id) whose removal it precedes.

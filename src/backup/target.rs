@@ -123,7 +123,7 @@ impl FieldNames {
             (FieldNames::Spec, Field::Region) => "spec.etcdBackup.target.s3.region",
             (FieldNames::Spec, Field::Insecure) => "spec.etcdBackup.target.s3.insecure",
             (FieldNames::Spec, Field::SkipTlsVerify) => "spec.etcdBackup.target.s3.skipTLSVerify",
-            (FieldNames::Spec, Field::EndpointCa) => "spec.etcdBackup.target.s3.endpointCA",
+            (FieldNames::Spec, Field::EndpointCa) => "spec.etcdBackup.target.s3.endpointCASecret",
             (FieldNames::Spec, Field::AccessKeyId) => {
                 "spec.etcdBackup.target.s3.credentialsSecret (access key id)"
             }
@@ -862,7 +862,7 @@ mod tests {
             ),
             (
                 |c| c.endpoint_ca_pem = Some("not a pem".into()),
-                "spec.etcdBackup.target.s3.endpointCA: holds no PEM certificate",
+                "spec.etcdBackup.target.s3.endpointCASecret: holds no PEM certificate",
             ),
         ];
         for (change, expected) in cases {
@@ -881,7 +881,9 @@ mod tests {
         config.endpoint_ca_pem = Some(pem.into());
         let err = open_err(config);
         assert!(
-            err.starts_with("spec.etcdBackup.target.s3.endpointCA: certificate 1 does not parse"),
+            err.starts_with(
+                "spec.etcdBackup.target.s3.endpointCASecret: certificate 1 does not parse"
+            ),
             "{err}"
         );
     }

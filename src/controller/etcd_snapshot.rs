@@ -68,7 +68,8 @@ pub async fn take(
     let kcp = &world.kcp;
     let started = Instant::now();
     let result = async {
-        let config = target_config(ctx, kcp, backup).await?;
+        let cluster = world.cluster_name.as_deref().unwrap_or_default();
+        let config = target_config(ctx, kcp, cluster, backup).await?;
         let target = backup::Target::open(&config).map_err(|e| e.to_string())?;
         let saved = backup::save(
             &etcd,
@@ -117,6 +118,7 @@ pub async fn take(
                 taken_at: world.now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 revision: saved.revision,
                 size_bytes: saved.size as i64,
+                location: saved.location,
                 source_member: saved.member,
                 before_removal_of: before_removal_of.map(|m| format!("{m:016x}")),
             }))
@@ -160,22 +162,32 @@ fn retention(backup: &EtcdBackup) -> backup::Retention {
     }
 }
 
-/// The target of `spec.etcdBackup` with its Secrets read; errors name the
-/// field and the Secret, never a value.
-async fn target_config(
+/// The target of `spec.etcdBackup` for `cluster`, with its Secrets read;
+/// errors name the field and the Secret, never a value. Snapshots go under
+/// `<folder or path>/<namespace>/<cluster>/`.
+pub async fn target_config(
     ctx: &Context,
     kcp: &KThreesControlPlane,
+    cluster: &str,
     backup: &EtcdBackup,
 ) -> std::result::Result<TargetConfig, String> {
+    // Each cluster under its own folder: retention counts every snapshot of
+    // ours in a folder, so two clusters sharing one would prune each other's.
+    let namespace = kcp.namespace().unwrap_or_default();
+    let own = format!("{namespace}/{cluster}");
     if let Some(fs) = &backup.target.filesystem {
-        return Ok(TargetConfig::Filesystem {
-            path: fs.path.clone().into(),
-        });
+        let path = std::path::Path::new(&fs.path).join(&own);
+        std::fs::create_dir_all(&path).map_err(|e| {
+            format!(
+                "spec.etcdBackup.target.filesystem.path: cannot create {}: {e}",
+                path.display()
+            )
+        })?;
+        return Ok(TargetConfig::Filesystem { path });
     }
     let Some(s3) = &backup.target.s3 else {
         return Err("spec.etcdBackup.target: names neither s3 nor filesystem".into());
     };
-    let namespace = kcp.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let read = |field: &'static str, name: String| {
         let secrets = secrets.clone();
@@ -232,7 +244,10 @@ async fn target_config(
     Ok(TargetConfig::S3(S3Config {
         endpoint: s3.endpoint.clone(),
         bucket: s3.bucket.clone(),
-        folder: s3.folder.clone().unwrap_or_default(),
+        folder: match s3.folder.as_deref().map(|f| f.trim_matches('/')) {
+            Some(folder) if !folder.is_empty() => format!("{folder}/{own}"),
+            _ => own,
+        },
         region: s3.region.clone().unwrap_or_default(),
         insecure: s3.insecure.unwrap_or(false),
         // Never: TLS is verified, against endpointCASecret when given.

@@ -379,6 +379,7 @@ mod tests {
             taken_at: taken_at.into(),
             revision: 41,
             size_bytes: 4096,
+            location: "/snapshots/ns/c/k3scp-x-cp-2-1".into(),
             source_member: "cp-2-00000002".into(),
             before_removal_of: before.map(|m| format!("{m:016x}")),
         }
