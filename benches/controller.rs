@@ -103,7 +103,9 @@ fn only_remediation() -> bool {
     std::env::var_os("K3SCP_BENCH_ONLY_REMEDIATION").is_some()
 }
 
-async fn remediate_once(target_kind: Target, aged: bool) -> Timeline {
+/// `backup`: with `spec.etcdBackup` on a directory target, so the removal
+/// waits for its snapshot first.
+async fn remediate_once(target_kind: Target, aged: bool, backup: bool) -> Timeline {
     let mut etcd = k3s_control_plane::harness::EtcdTestCluster::builder().members(3);
     if let Some((heartbeat, election)) = raft_timing() {
         etcd = etcd.raft_timing(heartbeat, election);
@@ -128,6 +130,19 @@ async fn remediate_once(target_kind: Target, aged: bool) -> Timeline {
     let target = sandbox.machines[index].clone();
     let member_name = sandbox.etcd.member(index).name.clone();
 
+    let snapshots = tempfile::tempdir().expect("snapshot directory");
+    if backup {
+        sandbox
+            .kcp_api()
+            .patch(
+                KCP,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"spec": {"etcdBackup": {
+                    "target": {"filesystem": {"path": snapshots.path()}}}}})),
+            )
+            .await
+            .expect("spec.etcdBackup");
+    }
     let controller = sandbox.start_controller();
     sandbox
         .wait_for("a first reconcile (etcd healthy)", LIMIT, || async {
@@ -268,12 +283,49 @@ async fn etcd_floor() -> Vec<Duration> {
     runs
 }
 
-async fn scenario(name: &'static str, target: Target, aged: bool) -> Scenario {
+async fn scenario(name: &'static str, target: Target, aged: bool, backup: bool) -> Scenario {
     let mut runs = Vec::new();
     for _ in 0..ITERATIONS {
-        runs.push(remediate_once(target, aged).await);
+        runs.push(remediate_once(target, aged, backup).await);
     }
     Scenario { name, runs }
+}
+
+/// The snapshot's own time: `backup::save` from a follower of a fresh
+/// 3-member cluster (as small as the sandbox's) into a directory, with no
+/// controller around it.
+async fn snapshot_floor() -> Vec<Duration> {
+    use k3s_control_plane::backup::{self, SnapshotName, SnapshotReason, Target, TargetConfig};
+    let mut runs = Vec::new();
+    for _ in 0..ITERATIONS {
+        let mut builder = k3s_control_plane::harness::EtcdTestCluster::builder().members(3);
+        if let Some((heartbeat, election)) = raft_timing() {
+            builder = builder.raft_timing(heartbeat, election);
+        }
+        let cluster = builder.start().await.expect("etcd cluster");
+        let etcd = cluster.connect();
+        let dir = tempfile::tempdir().expect("snapshot directory");
+        let target = Target::open(&TargetConfig::Filesystem {
+            path: dir.path().to_path_buf(),
+        })
+        .expect("directory target");
+        let started = Instant::now();
+        let snap = etcd.snapshot().await.expect("snapshot");
+        let from = k3s_control_plane::etcd::save::snapshot_source(&snap)
+            .expect("a source")
+            .id;
+        let name = SnapshotName::ours(
+            SnapshotReason::BeforeRemoval,
+            "cp-1",
+            std::time::SystemTime::now(),
+        )
+        .expect("name");
+        backup::save(&etcd, &snap, from, &target, &name, LIMIT)
+            .await
+            .expect("save");
+        runs.push(started.elapsed());
+    }
+    runs
 }
 
 // ---------------------------------------------------------------- memory
@@ -531,9 +583,16 @@ fn main() {
         .expect("tokio runtime");
     runtime.block_on(async {
         let started = Instant::now();
-        let fresh = scenario("leader marked, cluster just started", Target::Leader, false).await;
-        let aged = scenario("leader marked, cluster > 6 s old", Target::Leader, true).await;
-        let follower = scenario("follower marked, cluster > 6 s old", Target::Follower, true).await;
+        let fresh = scenario("leader marked, cluster just started", Target::Leader, false, false).await;
+        let aged = scenario("leader marked, cluster > 6 s old", Target::Leader, true, false).await;
+        let follower = scenario("follower marked, cluster > 6 s old", Target::Follower, true, false).await;
+        let with_snapshot = scenario(
+            "follower marked, > 6 s old, snapshot first (spec.etcdBackup, directory)",
+            Target::Follower,
+            true,
+            true,
+        )
+        .await;
 
         println!();
         println!(
@@ -541,9 +600,19 @@ fn main() {
             raft_timing().map_or("500/5000 ms (k3s)".to_string(), |(h, e)| format!("{h}/{e} ms")),
             "min ms", "median ms", "max ms"
         );
-        for s in [&fresh, &aged, &follower] {
+        for s in [&fresh, &aged, &follower, &with_snapshot] {
             timeline_rows(s);
         }
+        let added = ms(median_of(&with_snapshot, |t| t.member_removed))
+            - ms(median_of(&follower, |t| t.member_removed));
+        let (min, median, max) = min_median_max(snapshot_floor().await);
+        println!(
+            "snapshot before removal: member removed {added:.0} ms later (median with - without); \
+             the snapshot's own time (backup::save, raw) min/median/max {:.0}/{:.0}/{:.0} ms",
+            ms(min),
+            ms(median),
+            ms(max)
+        );
         let guard = |pick: fn(&Timeline) -> Duration| {
             ms(median_of(&fresh, pick)) - ms(median_of(&aged, pick))
         };

@@ -293,7 +293,7 @@ async fn a_snapshot_is_refused_from_a_member_that_is_not_a_healthy_voter() {
         .unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(err, BackupError::Etcd(EtcdError::SpaceRefused { .. })),
+        matches!(err, BackupError::Etcd(EtcdError::OperationRefused { .. })),
         "{text}"
     );
     assert!(
@@ -781,7 +781,7 @@ async fn an_https_endpoint_is_trusted_only_through_the_given_ca() {
     assert!(matches!(err, BackupError::Tls { .. }), "{err}");
     assert!(
         err.to_string()
-            .starts_with("spec.etcdBackup.target.s3.endpointCA:"),
+            .starts_with("spec.etcdBackup.target.s3.endpointCASecret:"),
         "{err}"
     );
 

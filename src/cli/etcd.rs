@@ -147,7 +147,7 @@ impl CliError {
                 EtcdError::UnsafeRemoval { .. }
                 | EtcdError::QuorumLost { .. }
                 | EtcdError::AlarmsUnknown { .. }
-                | EtcdError::SpaceRefused { .. },
+                | EtcdError::OperationRefused { .. },
             ) => 2,
             _ => 1,
         }

@@ -112,7 +112,7 @@ impl SnapshotCliError {
 /// Enough of an [`EtcdError`] to pick its exit code.
 fn clone_refusal(err: &EtcdError) -> EtcdError {
     match err {
-        EtcdError::SpaceRefused { action, reason } => EtcdError::SpaceRefused {
+        EtcdError::OperationRefused { action, reason } => EtcdError::OperationRefused {
             action: action.clone(),
             reason: reason.clone(),
         },

@@ -115,18 +115,14 @@ pub fn waives(waiver: &str, member_hex: &str, machine: Option<&str>) -> bool {
         || waiver.eq_ignore_ascii_case(member_hex.trim_start_matches('0'))
 }
 
-/// The member a snapshot is streamed from: a started, healthy voter other
-/// than `excluding`, a non-leader first, then the lowest id (stable).
+/// The member a snapshot is streamed from
+/// ([`MembershipSnapshot::snapshot_source`], shared with the engine and the
+/// CLI): a started, healthy voter other than `excluding`, a non-leader first.
 pub fn source_member(
     snapshot: &MembershipSnapshot,
     excluding: Option<u64>,
 ) -> Option<&MemberSnapshot> {
-    snapshot
-        .members
-        .iter()
-        .filter(|m| Some(m.id) != excluding && !m.learner && !m.name.is_empty())
-        .filter(|m| m.is_healthy())
-        .min_by_key(|m| (snapshot.leader == Some(m.id), m.id))
+    snapshot.snapshot_source(excluding)
 }
 
 /// Where the schedule stands.
@@ -319,7 +315,7 @@ mod tests {
             id,
             name: format!("cp-{id}-0000000{id}"),
             peer_urls: vec![],
-            client_urls: vec![],
+            client_urls: vec![format!("https://10.0.0.{id}:2379")],
             learner,
             status: healthy.then(|| MemberStatus {
                 leader: 1,

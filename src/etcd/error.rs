@@ -133,10 +133,11 @@ pub enum EtcdError {
     #[error("quorum lost: {assessment}")]
     QuorumLost { assessment: Box<Assessment> },
 
-    /// A step on etcd's space refused by its guard ([`crate::space`]), with
-    /// the numbers that refused it.
+    /// An operation refused by its guard, with the numbers that refused it:
+    /// a step on etcd's space ([`crate::space`]), or a snapshot from a
+    /// member that is not a healthy voter ([`super::save`]).
     #[error("refusing to {action}: {reason}")]
-    SpaceRefused { action: String, reason: String },
+    OperationRefused { action: String, reason: String },
 
     #[error("cannot read etcd alarms ({reason}); refusing to decide without them")]
     AlarmsUnknown { reason: String },

@@ -69,39 +69,14 @@ pub enum SaveSnapshotError<E> {
     Sink(E),
 }
 
-/// The member to take a snapshot from when none is named: a started,
-/// healthy voter that does not lead (a snapshot reads the whole backend,
-/// which the leader can spare least), the most up to date first, then by
-/// name; the leader when it is the only one.
+/// The member to take a snapshot from when none is named
+/// ([`MembershipSnapshot::snapshot_source`]).
 pub fn snapshot_source(snap: &MembershipSnapshot) -> Option<&MemberSnapshot> {
-    let view = snap.ignoring_nospace();
-    let eligible = |m: &&MemberSnapshot| view.member(m.id).is_some_and(|v| refusal(v).is_none());
-    let index = |m: &MemberSnapshot| m.status.as_ref().map_or(0, |s| s.raft_index);
-    let best = |leader: bool| {
-        snap.members
-            .iter()
-            .filter(eligible)
-            .filter(|m| (Some(m.id) == snap.leader) == leader)
-            .max_by(|a, b| index(a).cmp(&index(b)).then_with(|| b.name.cmp(&a.name)))
-    };
-    best(false).or_else(|| best(true))
-}
-
-/// Why `member` cannot be the source of a snapshot.
-fn refusal(member: &MemberSnapshot) -> Option<String> {
-    if member.name.is_empty() || member.client_urls.is_empty() {
-        return Some("it has not started (no name or client URL yet)".into());
-    }
-    if member.learner {
-        return Some("it is a learner, which may lag behind the voters".into());
-    }
-    member
-        .unhealthy_reason()
-        .map(|why| format!("it is not healthy ({why})"))
+    snap.snapshot_source(None)
 }
 
 fn refused(member: &str, reason: String) -> EtcdError {
-    EtcdError::SpaceRefused {
+    EtcdError::OperationRefused {
         action: format!("take an etcd snapshot from {member}"),
         reason,
     }
@@ -135,7 +110,10 @@ impl EtcdCluster {
             })?;
         let label = member.label();
         let view = snap.ignoring_nospace();
-        if let Some(why) = view.member(member_id).and_then(refusal) {
+        if let Some(why) = view
+            .member(member_id)
+            .and_then(MemberSnapshot::snapshot_refusal)
+        {
             return Err(refused(&label, why).into());
         }
         let listed = listed(member);

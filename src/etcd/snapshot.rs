@@ -134,6 +134,49 @@ impl std::fmt::Display for ForeignCluster {
 }
 
 impl MembershipSnapshot {
+    /// The member to take a snapshot from: a started, healthy voter other
+    /// than `excluding` (the member about to be removed) that does not lead
+    /// (a snapshot reads the whole backend, which the leader can spare
+    /// least), the most up to date first, then by name; the leader when it
+    /// is the only one. NOSPACE does not stop a snapshot (a read).
+    pub fn snapshot_source(&self, excluding: Option<u64>) -> Option<&MemberSnapshot> {
+        let snap = self;
+        let view = snap.ignoring_nospace();
+        let eligible = |m: &&MemberSnapshot| {
+            Some(m.id) != excluding
+                && view
+                    .member(m.id)
+                    .is_some_and(|v| v.snapshot_refusal().is_none())
+        };
+        let index = |m: &MemberSnapshot| m.status.as_ref().map_or(0, |s| s.raft_index);
+        let best = |leader: bool| {
+            snap.members
+                .iter()
+                .filter(eligible)
+                .filter(|m| (Some(m.id) == snap.leader) == leader)
+                .max_by(|a, b| index(a).cmp(&index(b)).then_with(|| b.name.cmp(&a.name)))
+        };
+        best(false).or_else(|| best(true))
+    }
+}
+
+impl MemberSnapshot {
+    /// Why this member cannot be the source of a snapshot.
+    pub fn snapshot_refusal(&self) -> Option<String> {
+        let member = self;
+        if member.name.is_empty() || member.client_urls.is_empty() {
+            return Some("it has not started (no name or client URL yet)".into());
+        }
+        if member.learner {
+            return Some("it is a learner, which may lag behind the voters".into());
+        }
+        member
+            .unhealthy_reason()
+            .map(|why| format!("it is not healthy ({why})"))
+    }
+}
+
+impl MembershipSnapshot {
     pub fn member(&self, id: u64) -> Option<&MemberSnapshot> {
         self.members.iter().find(|m| m.id == id)
     }

@@ -78,7 +78,7 @@ fn hex<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 fn refused(action: String, reason: String) -> EtcdError {
-    EtcdError::SpaceRefused { action, reason }
+    EtcdError::OperationRefused { action, reason }
 }
 
 impl EtcdCluster {
