@@ -214,7 +214,8 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
     let member = sandbox.etcd.member(index).name.clone();
     let controller = sandbox.start_controller();
     sandbox.mark_unhealthy(&target).await.unwrap();
-    sandbox
+    // The wrong secret: refused by the target, named, never shown.
+    let (_, _, message) = sandbox
         .wait_for("EtcdBackupReady False", LIMIT, || async {
             match backup_condition(&sandbox).await {
                 Some(c) if c.1 == REASON_SNAPSHOT_FAILED => Ok(c),
@@ -223,6 +224,13 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
         })
         .await
         .unwrap();
+    assert!(
+        message.contains("spec.etcdBackup.target.s3.credentialsSecret"),
+        "{message}"
+    );
+    assert!(!message.contains("not-the-secret"), "{message}");
+    let snap = admin.snapshot().await.unwrap();
+    assert!(snap.member_by_name(&member).is_some(), "removed without a snapshot");
     annotate_kcp(&sandbox, json!({ ETCD_SNAPSHOT_WAIVED_ANNOTATION: target })).await;
     sandbox
         .wait_for(&format!("member {member} removed"), LIMIT, || async {
