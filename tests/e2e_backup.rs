@@ -230,7 +230,10 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
     );
     assert!(!message.contains("not-the-secret"), "{message}");
     let snap = admin.snapshot().await.unwrap();
-    assert!(snap.member_by_name(&member).is_some(), "removed without a snapshot");
+    assert!(
+        snap.member_by_name(&member).is_some(),
+        "removed without a snapshot"
+    );
     annotate_kcp(&sandbox, json!({ ETCD_SNAPSHOT_WAIVED_ANNOTATION: target })).await;
     sandbox
         .wait_for(&format!("member {member} removed"), LIMIT, || async {
