@@ -11,8 +11,8 @@ use crate::backup::error::BackupError;
 use crate::backup::name::SnapshotName;
 use crate::backup::retention::{Prune, Retention, to_prune};
 use crate::backup::target::{Target, Upload};
-use crate::backup::verify::{StreamVerifier, Verified};
 use crate::etcd::save::{SaveSnapshotError, SnapshotSink};
+use crate::etcd::snapshot_verify::{StreamVerifier, Verified};
 use crate::etcd::{EtcdCluster, MembershipSnapshot};
 
 /// A snapshot stored and checked.

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::backup::verify::VerifyError;
 use crate::etcd::EtcdError;
+use crate::etcd::snapshot_verify::VerifyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

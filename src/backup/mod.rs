@@ -4,7 +4,8 @@
 //!
 //! - [`name`]: `<prefix>-<node>-<unix seconds>`, a prefix per reason (pure).
 //! - [`retention`]: which of ours to prune, and why (pure).
-//! - [`verify`]: etcd's trailing SHA-256, checked as the bytes pass (pure).
+//! - etcd's trailing SHA-256, checked as the bytes pass, is
+//!   [`crate::etcd::snapshot_verify`] (the etcd floor streams through it).
 //! - [`target`]: S3-compatible storage or a directory, one interface.
 //! - [`engine`]: save, prune, verify a stored snapshot.
 //! - [`error`]: what can go wrong ([`BackupError`]).
@@ -17,11 +18,10 @@ pub mod error;
 pub mod name;
 pub mod retention;
 pub mod target;
-pub mod verify;
 
+pub use crate::etcd::snapshot_verify::{StreamVerifier, Verified, VerifyError};
 pub use engine::{Pruned, Saved, prune, save, verify_stored};
 pub use error::BackupError;
 pub use name::{Prefix, SnapshotName, SnapshotReason};
 pub use retention::{Prune, PruneReason, Retention, StoredSnapshot, to_prune};
 pub use target::{FieldNames, S3Config, Target, TargetConfig, Upload};
-pub use verify::{StreamVerifier, Verified, VerifyError};

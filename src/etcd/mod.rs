@@ -21,6 +21,7 @@ pub mod ops;
 pub mod save;
 pub mod serving_certs;
 pub mod snapshot;
+pub mod snapshot_verify;
 pub mod space;
 pub mod tls;
 pub mod transport;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, instrument};
 
-use crate::backup::verify::{StreamVerifier, VerifyError};
+use super::snapshot_verify::{StreamVerifier, VerifyError};
 use crate::etcd::cluster::EtcdCluster;
 use crate::etcd::error::EtcdError;
 use crate::etcd::ops::listed;
