@@ -132,16 +132,7 @@ async fn a_remediation_waits_for_its_snapshot_while_the_bucket_is_missing_then_s
 
     // The target works again: the snapshot is stored, then the member goes.
     s3.create_bucket("snapshots").unwrap();
-    sandbox
-        .wait_for(&format!("member {member} removed"), LIMIT, || async {
-            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
-            match snap.member_by_name(&member) {
-                Some(_) => Err("still a member".to_string()),
-                None => Ok(()),
-            }
-        })
-        .await
-        .unwrap();
+    wait_member_gone(&sandbox, &admin, &member).await;
     let written_after = put_key(&sandbox, leader_index, "/registry/after-the-removal").await;
     let kcp = kcp(&sandbox).await;
     let record = kcp
@@ -235,16 +226,7 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
         "removed without a snapshot"
     );
     annotate_kcp(&sandbox, json!({ ETCD_SNAPSHOT_WAIVED_ANNOTATION: target })).await;
-    sandbox
-        .wait_for(&format!("member {member} removed"), LIMIT, || async {
-            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
-            match snap.member_by_name(&member) {
-                Some(_) => Err("still a member".to_string()),
-                None => Ok(()),
-            }
-        })
-        .await
-        .unwrap();
+    wait_member_gone(&sandbox, &admin, &member).await;
     sandbox
         .wait_for("the waiver to be spent", LIMIT, || async {
             let kcp = kcp(&sandbox).await;

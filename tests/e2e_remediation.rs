@@ -121,23 +121,6 @@ fn remediation_for(machine: &k3s_control_plane::api::Machine) -> Option<serde_js
         .map(|v| serde_json::from_str(v).unwrap())
 }
 
-async fn wait_member_gone(
-    sandbox: &Sandbox,
-    admin: &k3s_control_plane::etcd::EtcdCluster,
-    member: &str,
-) {
-    sandbox
-        .wait_for(&format!("member {member} to be removed"), LIMIT, || async {
-            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
-            match snap.member_by_name(member) {
-                Some(_) => Err(format!("{member} still a member")),
-                None => Ok(()),
-            }
-        })
-        .await
-        .unwrap();
-}
-
 /// Promote a learner through a voter, retrying while etcd says it has not
 /// caught up yet ("can only promote a learner member which is in sync").
 async fn promote_learner(sandbox: &Sandbox, learner: u64, via: usize) {

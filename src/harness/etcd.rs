@@ -850,8 +850,9 @@ impl EtcdTestCluster {
         }
     }
 
-    /// Add a learner (`member add --learner`), start it and wait until it runs.
-    pub async fn add_learner(&mut self) -> Result<usize, HarnessError> {
+    /// The next member, not started: on the next address of the block, with
+    /// the cluster's raft timing (as its first members were started with).
+    fn next_joiner(&self) -> Result<(usize, TestMember), HarnessError> {
         let index = self.members.len();
         if index >= MAX_MEMBERS {
             return Err(HarnessError::BadSize(index + 1));
@@ -865,10 +866,15 @@ impl EtcdTestCluster {
             self.proxies.as_ref(),
             self.hidden_clients,
         )?;
-        // The cluster's raft timing, as its first members were started with.
         if let Some(first) = self.members.first() {
             member.raft_timing = first.raft_timing;
         }
+        Ok((index, member))
+    }
+
+    /// Add a learner (`member add --learner`), start it and wait until it runs.
+    pub async fn add_learner(&mut self) -> Result<usize, HarnessError> {
+        let (index, member) = self.next_joiner()?;
         // A joining k3s server asks the cluster with a client of its own: a
         // handle that last looked before others removed members (the
         // controller, a person) would rightly refuse the smaller cluster as
@@ -1036,22 +1042,7 @@ impl EtcdTestCluster {
     /// (`--initial-cluster-state new`). It is foreign to this cluster until
     /// [`Self::adopt_restored`]. Returns its index.
     pub async fn start_first_server_beside(&mut self) -> Result<usize, HarnessError> {
-        let index = self.members.len();
-        if index >= MAX_MEMBERS {
-            return Err(HarnessError::BadSize(index + 1));
-        }
-        let mut member = Self::new_member(
-            &self.pki,
-            &self._block,
-            self.dir.path(),
-            index,
-            true,
-            self.proxies.as_ref(),
-            self.hidden_clients,
-        )?;
-        if let Some(first) = self.members.first() {
-            member.raft_timing = first.raft_timing;
-        }
+        let (index, mut member) = self.next_joiner()?;
         member.initial_cluster = format!("{}={}", member.name, member.peer_url());
         member.initial_state = "new";
         member.foreign_cluster = true;

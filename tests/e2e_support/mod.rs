@@ -242,6 +242,24 @@ pub fn member_names(snapshot: &MembershipSnapshot) -> Vec<String> {
     names
 }
 
+/// Wait until `member` (by name) is no longer in the membership.
+pub async fn wait_member_gone(
+    sandbox: &Sandbox,
+    admin: &k3s_control_plane::etcd::EtcdCluster,
+    member: &str,
+) {
+    sandbox
+        .wait_for(&format!("member {member} to be removed"), LIMIT, || async {
+            let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+            match snap.member_by_name(member) {
+                Some(_) => Err(format!("{member} still a member")),
+                None => Ok(()),
+            }
+        })
+        .await
+        .unwrap();
+}
+
 /// A snapshot taken with retries (a member that was just removed or stopped
 /// may make one attempt fail).
 pub async fn snapshot(sandbox: &Sandbox, admin: &EtcdCluster) -> MembershipSnapshot {
