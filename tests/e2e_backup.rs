@@ -51,6 +51,20 @@ async fn backup_condition(sandbox: &Sandbox) -> Option<(String, String, String)>
         .map(|c| (c.status, c.reason, c.message))
 }
 
+/// `EtcdBackupReady`'s message once it says a snapshot failed.
+async fn wait_snapshot_failed(sandbox: &Sandbox) -> String {
+    let (_, _, message) = sandbox
+        .wait_for("EtcdBackupReady False", LIMIT, || async {
+            match backup_condition(sandbox).await {
+                Some(c) if c.1 == REASON_SNAPSHOT_FAILED => Ok(c),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    message
+}
+
 async fn stored(config: &TargetConfig) -> Vec<String> {
     let target = Target::open(config).unwrap();
     let mut names: Vec<String> = target
@@ -106,15 +120,7 @@ async fn a_remediation_waits_for_its_snapshot_while_the_bucket_is_missing_then_s
     sandbox.mark_unhealthy(&target).await.unwrap();
 
     // The bucket does not exist: the removal waits, and says why.
-    let (_, _, message) = sandbox
-        .wait_for("EtcdBackupReady False", LIMIT, || async {
-            match backup_condition(&sandbox).await {
-                Some(c) if c.1 == REASON_SNAPSHOT_FAILED => Ok(c),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
-        .unwrap();
+    let message = wait_snapshot_failed(&sandbox).await;
     assert!(
         message.contains("spec.etcdBackup.target.s3.bucket") && message.contains("snapshots"),
         "{message}"
@@ -206,15 +212,7 @@ async fn a_person_waives_the_snapshot_for_one_removal_and_the_waiver_is_spent() 
     let controller = sandbox.start_controller();
     sandbox.mark_unhealthy(&target).await.unwrap();
     // The wrong secret: refused by the target, named, never shown.
-    let (_, _, message) = sandbox
-        .wait_for("EtcdBackupReady False", LIMIT, || async {
-            match backup_condition(&sandbox).await {
-                Some(c) if c.1 == REASON_SNAPSHOT_FAILED => Ok(c),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await
-        .unwrap();
+    let message = wait_snapshot_failed(&sandbox).await;
     assert!(
         message.contains("spec.etcdBackup.target.s3.credentialsSecret"),
         "{message}"

@@ -487,6 +487,7 @@ mod tests {
                 "rollout": {"after": "2026-06-01T00:00:00Z", "strategy": {"rollingUpdate": {"maxSurge": 1}}},
                 "remediation": {"maxRetry": 2, "retryPeriodSeconds": 60},
                 "machineNaming": {"template": "{{ .kthreesControlPlane.name }}-{{ .random }}"},
+                "etcdBackup": {"target": {"s3": {"endpoint": "s3.example.com", "bucket": "b", "credentialsSecret": {"name": "s3"}}}, "schedule": "0 */12 * * *"},
             },
         })
     }
@@ -577,6 +578,7 @@ mod tests {
         assert_eq!(spec["machineTemplate"]["nodeDeletionTimeout"], "1m30s");
         assert_eq!(spec["remediationStrategy"]["retryPeriod"], "1m0s");
         assert!(spec.get("machineNaming").is_none());
+        assert!(spec.get("etcdBackup").is_none());
         let data: Value = serde_json::from_str(
             served["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
                 .as_str()
@@ -590,6 +592,10 @@ mod tests {
         assert_eq!(
             data["v1beta3"]["spec"]["machineNaming"]["template"],
             "{{ .kthreesControlPlane.name }}-{{ .random }}"
+        );
+        assert_eq!(
+            data["v1beta3"]["spec"]["etcdBackup"]["target"]["s3"]["bucket"],
+            "b"
         );
     }
 
