@@ -141,6 +141,7 @@ fn world() -> World {
             default_quota: 2 << 30,
         },
         etcd_history: None,
+        restored_data: None,
         etcd_defragmented: Default::default(),
         now: chrono::Utc::now(),
     }

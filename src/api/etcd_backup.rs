@@ -191,6 +191,9 @@ pub struct EtcdBackupStatus {
     /// The last failed snapshot, while no later one succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<SnapshotFailure>,
+    /// The last restore of the control plane from a snapshot, once done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restore: Option<RestoreRecord>,
 }
 
 impl EtcdBackupStatus {
@@ -228,6 +231,26 @@ pub struct SnapshotRecord {
     /// BeforeRemoval: the member (hex id) whose removal it precedes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before_removal_of: Option<String>,
+}
+
+/// `status.etcdBackup.lastRestore`: a restore a person asked for
+/// (annotation `controlplane.cluster.x-k8s.io/etcd-restore`), carried out.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRecord {
+    /// The snapshot's name in the target.
+    pub snapshot: String,
+    /// RFC 3339: when the request was accepted (the snapshot verified).
+    pub accepted_at: String,
+    /// RFC 3339: when the restored member answered as the only voter.
+    pub completed_at: String,
+    /// The Machine that restored it.
+    pub machine: String,
+    /// The restored member (hex id).
+    pub member: String,
+    /// Whether a person forced it while quorum held or could not be read.
+    #[serde(default)]
+    pub forced: bool,
 }
 
 /// `status.etcdBackup.lastFailure`.

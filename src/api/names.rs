@@ -249,3 +249,24 @@ pub const CERTIFICATES_EXPIRY_ANNOTATION: &str = "machine.cluster.x-k8s.io/certi
 /// controller refuses to pick one (docs/etcd.md, "Which cluster is ours").
 pub const ETCD_CLUSTER_MEMBERS_ANNOTATION: &str =
     "controlplane.cluster.x-k8s.io/etcd-cluster-members";
+
+/// Set by a person (or `k3s-control-plane restore`) on a KThreesControlPlane
+/// whose etcd lost quorum for good: the name of the snapshot in the target of
+/// `spec.etcdBackup` to rebuild the control plane from (docs/dr.md).
+pub const ETCD_RESTORE_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-restore";
+/// `"true"` beside [`ETCD_RESTORE_ANNOTATION`]: restore even though etcd
+/// still has quorum, or cannot be read to tell.
+pub const ETCD_RESTORE_FORCE_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-restore-force";
+/// Written by the controller when it accepted a restore (the snapshot was
+/// verified in the target): from then on the restore goes to its end. Its
+/// value (JSON: snapshot, acceptedAt, forced) names the attempt.
+pub const ETCD_RESTORE_ACCEPTED_ANNOTATION: &str =
+    "controlplane.cluster.x-k8s.io/etcd-restore-accepted";
+/// On the Machine (and its KThreesConfig) that restores the snapshot: the
+/// accepted annotation's value of the attempt it belongs to.
+pub const ETCD_RESTORE_OF_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/etcd-restore-of";
+/// CAPI: a Machine's deletion skips draining its Node.
+pub const EXCLUDE_NODE_DRAINING_ANNOTATION: &str = "machine.cluster.x-k8s.io/exclude-node-draining";
+/// CAPI: a Machine's deletion does not wait for its Node's volumes to detach.
+pub const EXCLUDE_WAIT_FOR_VOLUME_DETACH_ANNOTATION: &str =
+    "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach";

@@ -8,6 +8,7 @@
 //!   [`crate::etcd::snapshot_verify`] (the etcd floor streams through it).
 //! - [`target`]: S3-compatible storage or a directory, one interface.
 //! - [`engine`]: save, prune, verify a stored snapshot.
+//! - [`restore_boot`]: what the Machine that restores a snapshot runs (pure).
 //! - [`error`]: what can go wrong ([`BackupError`]).
 //!
 //! The etcd side (streaming `Maintenance.Snapshot` from one chosen member,
@@ -16,6 +17,7 @@
 pub mod engine;
 pub mod error;
 pub mod name;
+pub mod restore_boot;
 pub mod retention;
 pub mod target;
 

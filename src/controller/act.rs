@@ -39,6 +39,8 @@ pub struct Outcome {
     pub last_remediation: Option<crate::api::RemediationData>,
     /// The etcd snapshot taken (or attempted) for `spec.etcdBackup`.
     pub snapshot: Option<crate::decision::etcd_backup::SnapshotOutcome>,
+    /// What a restore step came to, when it changes status.
+    pub restore: Option<crate::decision::etcd_restore::RestoreOutcome>,
 }
 
 /// Carry out `plan.action`. `etcd` is the workload cluster's etcd, when managed.
@@ -130,6 +132,10 @@ pub async fn act(
                 )
                 .await?,
             );
+            return Ok(outcome);
+        }
+        Action::EtcdRestore { step } => {
+            outcome.restore = super::etcd_restore::act(ctx, world, plan, step).await?;
             return Ok(outcome);
         }
         Action::AddHooks { machines: names } => {

@@ -164,6 +164,14 @@ pub async fn ensure_template_owner(ctx: &Context, world: &World) -> Result<()> {
     Ok(())
 }
 
+/// The Machine that restores a snapshot (`controller::etcd_restore`): its
+/// KThreesConfig spec, and the attempt it belongs to
+/// (`controlplane.cluster.x-k8s.io/etcd-restore-of` on it and its config).
+pub struct RestoreBirth {
+    pub config: crate::api::KThreesConfigSpec,
+    pub attempt: String,
+}
+
 /// Creates the infrastructure clone, the KThreesConfig and the Machine; returns
 /// the Machine's name. On a failure after the first object, what was created
 /// is deleted again so nothing is left behind.
@@ -171,6 +179,19 @@ pub async fn create_machine(
     ctx: &Context,
     world: &World,
     remediation_for: Option<&RemediationData>,
+) -> Result<String> {
+    create_machine_born(ctx, world, remediation_for, None).await
+}
+
+/// [`create_machine`], for a restore Machine when `restore` is given: its
+/// config restores the snapshot, and it is born without our hook (a restore
+/// Machine deleted before it restored is simply made again; the hook comes
+/// once the restore is done and the control plane is managed as usual).
+pub async fn create_machine_born(
+    ctx: &Context,
+    world: &World,
+    remediation_for: Option<&RemediationData>,
+    restore: Option<&RestoreBirth>,
 ) -> Result<String> {
     let kcp = &world.kcp;
     let namespace = kcp.namespace().unwrap_or_default();
@@ -283,12 +304,23 @@ pub async fn create_machine(
         })?;
 
     let configs: Api<KThreesConfig> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut config = KThreesConfig::new(&name, kcp.spec.kthrees_config_spec.clone());
+    let config_spec = match restore {
+        Some(restore) => restore.config.clone(),
+        None => kcp.spec.kthrees_config_spec.clone(),
+    };
+    let mut config_annotations = born.annotations.clone();
+    if let Some(restore) = restore {
+        config_annotations.insert(
+            crate::api::names::ETCD_RESTORE_OF_ANNOTATION.to_string(),
+            restore.attempt.clone(),
+        );
+    }
+    let mut config = KThreesConfig::new(&name, config_spec);
     config.metadata = ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(namespace.clone()),
         labels: Some(labels.clone()),
-        annotations: Some(born.annotations.clone()),
+        annotations: Some(config_annotations),
         owner_references: Some(vec![owner.clone()]),
         ..ObjectMeta::default()
     };
@@ -305,12 +337,22 @@ pub async fn create_machine(
     if let Some(rf) = remediation_for {
         annotations.insert(REMEDIATION_FOR_ANNOTATION.to_string(), rf.to_annotation());
     }
-    // Our pre-terminate hook from birth: whoever deletes this Machine, CAPI
-    // then waits for the removal steps (etcd leadership, member) to release it.
-    annotations.insert(
-        PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
-        crate::remediation::steps::BORN_HOOK_VALUE.to_string(),
-    );
+    match restore {
+        Some(restore) => {
+            annotations.insert(
+                crate::api::names::ETCD_RESTORE_OF_ANNOTATION.to_string(),
+                restore.attempt.clone(),
+            );
+        }
+        // Our pre-terminate hook from birth: whoever deletes this Machine, CAPI
+        // then waits for the removal steps (etcd leadership, member) to release it.
+        None => {
+            annotations.insert(
+                PRE_TERMINATE_HOOK_ANNOTATION.to_string(),
+                crate::remediation::steps::BORN_HOOK_VALUE.to_string(),
+            );
+        }
+    }
     // What it is made from, so a later spec change is seen as a rollout.
     annotations.insert(
         SPEC_HASH_ANNOTATION.to_string(),

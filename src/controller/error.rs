@@ -37,6 +37,10 @@ pub enum Error {
     /// `status.etcdBackup.lastFailure` and `EtcdBackupReady` first).
     #[error("act: etcd-snapshot: {0}")]
     Snapshot(String),
+    /// A restore's snapshot could not be verified in the target (recorded in
+    /// the `EtcdRestoring` condition first; nothing was deleted).
+    #[error("act: etcd-restore: {0}")]
+    Restore(String),
     /// Writing status or conditions failed.
     #[error("status: {context}: {source}")]
     Status {
@@ -67,6 +71,7 @@ impl Error {
             Error::Act { .. } | Error::Precondition { .. } => "act",
             Error::Etcd { .. } => "etcd",
             Error::Snapshot(_) => "snapshot",
+            Error::Restore(_) => "restore",
             Error::Status { .. } => "status",
         }
     }

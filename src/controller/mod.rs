@@ -14,6 +14,7 @@ pub mod defragmented;
 pub mod error;
 pub mod etcd_leader_move;
 pub mod etcd_pool;
+pub mod etcd_restore;
 pub mod etcd_snapshot;
 pub mod http;
 pub mod k3s_serving;

@@ -259,6 +259,7 @@ pub async fn observe_management(
             member_missing_grace: ctx.settings.member_missing_grace,
             etcd_space: ctx.settings.etcd_space,
             etcd_history: None,
+            restored_data: None,
             etcd_defragmented: Default::default(),
             now,
         };
@@ -352,6 +353,7 @@ pub async fn observe_management(
             member_missing_grace: ctx.settings.member_missing_grace,
             etcd_space: ctx.settings.etcd_space,
             etcd_history: None,
+            restored_data: None,
             etcd_defragmented: Default::default(),
             now,
         },
@@ -372,6 +374,7 @@ pub struct WorkloadObservation {
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
     etcd_history: Option<Result<crate::space::History, String>>,
+    restored_data: Option<crate::decision::world::RestoredData>,
     etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
@@ -387,6 +390,7 @@ impl WorkloadObservation {
             etcd: world.etcd,
             etcd_transport: world.etcd_transport,
             etcd_history: world.etcd_history,
+            restored_data: world.restored_data,
             etcd_defragmented: world.etcd_defragmented,
             members_first_seen: world.members_first_seen,
             serving_certs: world.serving_certs,
@@ -401,6 +405,7 @@ impl WorkloadObservation {
         world.etcd = self.etcd;
         world.etcd_transport = self.etcd_transport;
         world.etcd_history = self.etcd_history;
+        world.restored_data = self.restored_data;
         world.etcd_defragmented = self.etcd_defragmented;
         world.members_first_seen = self.members_first_seen;
         world.serving_certs = self.serving_certs;
@@ -418,6 +423,7 @@ impl WorkloadObservation {
         };
         world.etcd_transport = None;
         world.etcd_history = None;
+        world.restored_data = None;
         world.etcd_defragmented = Default::default();
         world.members_first_seen = Default::default();
         world.serving_certs = Default::default();
@@ -747,6 +753,20 @@ async fn read_workload(
         && let (Some(handle), EtcdObservation::Observed(snapshot)) = (&handle, &world.etcd)
     {
         world.etcd_history = Some(handle.history(snapshot).await.map_err(|e| e.to_string()));
+    }
+    // Whether a restored member holds the snapshot's data: only while a
+    // restore Machine is waited for.
+    world.restored_data = None;
+    if let (Some(key), Some(handle), EtcdObservation::Observed(snapshot)) = (
+        crate::decision::etcd_restore::marker_to_read(world),
+        &handle,
+        &world.etcd,
+    ) {
+        let found = handle
+            .key_exists(snapshot, &key)
+            .await
+            .map_err(|e| e.to_string());
+        world.restored_data = Some(crate::decision::world::RestoredData { key, found });
     }
     Ok(handle)
 }

@@ -447,13 +447,29 @@ async fn act_on_plan(
         Some(crate::decision::etcd_backup::SnapshotOutcome::Failed(f)) => Some(f.message.clone()),
         _ => None,
     };
-    let status = decision.status_after(&world, outcome.last_remediation, outcome.snapshot);
+    let unusable = match &outcome.restore {
+        Some(crate::decision::etcd_restore::RestoreOutcome::Unusable(message)) => {
+            Some(message.clone())
+        }
+        _ => None,
+    };
+    let status = decision.status_after(
+        &world,
+        outcome.last_remediation,
+        outcome.snapshot,
+        outcome.restore,
+    );
     let status_changed = kcp.status.as_ref() != Some(&status);
     write_kcp_status_after(kcps, &ctx.kcp_writes, kcp, decision.acts(), &status).await?;
     announce(ctx, kcp, &decision, status_changed).await;
     if let Some(message) = snapshot_failed {
         // Recorded and announced: retried at this object's error backoff.
         return Err(Error::Snapshot(message));
+    }
+    if let Some(message) = unusable {
+        // Recorded and announced; nothing was deleted. Retried at this
+        // object's error backoff (the person may fix the target or the name).
+        return Err(Error::Restore(message));
     }
 
     match &plan.action {
@@ -481,7 +497,8 @@ async fn act_on_plan(
         | Action::AddHooks { .. }
         | Action::RemoveOrphan { .. }
         | Action::EtcdSpace { .. }
-        | Action::EtcdSnapshot { .. } => {
+        | Action::EtcdSnapshot { .. }
+        | Action::EtcdRestore { .. } => {
             Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
     }
@@ -599,6 +616,7 @@ fn decided_on_its_own_snapshot(action: &Action) -> bool {
         || matches!(
             action,
             Action::CreateMachine
+                | Action::EtcdRestore { .. }
                 | Action::Step {
                     step: Step::CreateReplacement { .. },
                     ..
@@ -617,10 +635,12 @@ fn touches_etcd(action: &Action) -> bool {
             )
         }
         Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
-        // A snapshot reads etcd and changes nothing in it.
+        // A snapshot reads etcd and changes nothing in it; a restore's
+        // steps change Machines, not the etcd the pass read.
         Action::CreateMachine
         | Action::AddHooks { .. }
         | Action::EtcdSnapshot { .. }
+        | Action::EtcdRestore { .. }
         | Action::Wait
         | Action::Idle => false,
     }

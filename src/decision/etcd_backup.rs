@@ -385,6 +385,7 @@ mod tests {
         EtcdBackupStatus {
             last_snapshots: records,
             last_failure: None,
+            last_restore: None,
         }
     }
 
@@ -637,6 +638,7 @@ mod tests {
                 time: "2026-12-06T12:01:00Z".into(),
                 message: "spec.etcdBackup.target.s3.bucket: bucket \"nope\" does not exist".into(),
             }),
+            last_restore: None,
         };
         let fresh = with(vec![record(
             SnapshotPurpose::Scheduled,
@@ -721,6 +723,7 @@ mod tests {
                 time: "2026-12-06T11:00:00Z".into(),
                 message: "down".into(),
             }),
+            last_restore: None,
         });
         record_outcome(
             &mut status,

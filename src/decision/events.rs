@@ -41,6 +41,14 @@ pub fn wait_event(rule: &str) -> WaitEvent {
     if let Some(why) = rule.strip_prefix("etcd-space.") {
         return space_wait(why);
     }
+    if let Some(why) = rule.strip_prefix("restore.") {
+        // A restore under way waits on the world (Normal); a refused request
+        // needs a person (Warning).
+        return match why.strip_prefix("wait.") {
+            Some(_) => normal("EtcdRestoreWaiting"),
+            None => warning("EtcdRestoreRefused"),
+        };
+    }
     if let Some((_, wait)) = rule.split_once(".wait.") {
         return removal_wait(wait);
     }

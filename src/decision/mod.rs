@@ -6,6 +6,7 @@
 
 pub mod contract_conditions;
 pub mod etcd_backup;
+pub mod etcd_restore;
 pub mod events;
 pub mod plan;
 pub mod record;

@@ -56,6 +56,11 @@ pub enum Action {
         from: u64,
         before_removal_of: Option<u64>,
     },
+    /// One step of a restore from a snapshot a person asked for
+    /// ([`super::etcd_restore`]).
+    EtcdRestore {
+        step: super::etcd_restore::RestoreStep,
+    },
     /// Nothing can be done now; the rule and message say why.
     Wait,
     /// Nothing to do.
@@ -103,6 +108,9 @@ pub struct Plan {
     pub action: Action,
     pub rule: String,
     pub message: String,
+    /// The restore rule's verdict, when a restore was asked for or is under
+    /// way (it then chose `action`).
+    pub restore: Option<super::etcd_restore::RestoreDecision>,
 }
 
 /// A small summary of the plan for `inspect --output json` and logs.
@@ -122,6 +130,7 @@ impl Plan {
             Action::RemoveOrphan { .. } => "remove-orphan-member".to_string(),
             Action::EtcdSpace { step } => format!("etcd-{}", step.name()),
             Action::EtcdSnapshot { .. } => "etcd-snapshot".to_string(),
+            Action::EtcdRestore { step } => format!("etcd-restore-{}", step.name()),
             Action::Wait => "wait".to_string(),
             Action::Idle => "idle".to_string(),
         };
@@ -178,8 +187,12 @@ pub fn plan_on(
     if world.cluster_name.is_none() {
         return Err(Refusal::NoCluster);
     }
+    // A restore a person asked for comes before everything else: it does not
+    // need the membership mapped (the membership is what was lost).
+    let restore = super::etcd_restore::decide(world);
     if let Some(m) = &mapping
         && !m.ambiguities.is_empty()
+        && restore.is_none()
     {
         let list: Vec<String> = m.ambiguities.iter().map(ToString::to_string).collect();
         return Err(Refusal::AmbiguousMembership(list.join("; ")));
@@ -187,6 +200,25 @@ pub fn plan_on(
     let view = control_plane_view(world, mapping.as_ref(), outdated).map_err(Refusal::View)?;
     let remediation = decide(&view, world.now);
     let orphans = decide_orphans(&view, &orphan_input(world, mapping.as_ref()), world.now);
+    if let Some(restore) = restore {
+        let (rule, message) = (restore.rule(), restore.message().to_string());
+        let action = match &restore {
+            super::etcd_restore::RestoreDecision::Step { step, .. } => {
+                Action::EtcdRestore { step: step.clone() }
+            }
+            _ => Action::Wait,
+        };
+        return Ok(Plan {
+            view,
+            mapping,
+            remediation,
+            orphans,
+            action,
+            rule,
+            message,
+            restore: Some(restore),
+        });
+    }
     // The validator refused anything but 0 or 1 above.
     let max_surge = world
         .kcp
@@ -205,6 +237,7 @@ pub fn plan_on(
         action,
         rule,
         message,
+        restore: None,
     })
 }
 

@@ -118,6 +118,11 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
     }
     if !matches!(lifecycle, Lifecycle::Paused { .. }) {
         set_backup_condition(world, &mut status);
+        let restore = plan
+            .as_ref()
+            .and_then(|p| p.as_ref().ok())
+            .and_then(|p| p.restore.as_ref());
+        set_restore_condition(world, &mut status, restore, None);
     }
     let certificate_annotations = world
         .machines
@@ -272,6 +277,21 @@ fn set_backup_condition(world: &World, status: &mut KThreesControlPlaneStatus) {
     }
 }
 
+fn set_restore_condition(
+    world: &World,
+    status: &mut KThreesControlPlaneStatus,
+    decision: Option<&super::etcd_restore::RestoreDecision>,
+    unusable: Option<&str>,
+) {
+    use super::etcd_restore::{ETCD_RESTORING, condition, to_condition};
+    match condition(decision, status.etcd_backup.as_ref(), unusable) {
+        Some(value) => set_condition(status, to_condition(value, world.kcp.metadata.generation)),
+        None => {
+            crate::api::conditions::remove(&mut status.conditions, ETCD_RESTORING);
+        }
+    }
+}
+
 fn set_condition(status: &mut KThreesControlPlaneStatus, condition: Condition) {
     for mirrored in v1beta1_mirror(std::slice::from_ref(&condition)) {
         let deprecated = status
@@ -328,6 +348,7 @@ impl Decision {
                     | Action::RemoveOrphan { .. }
                     | Action::EtcdSpace { .. }
                     | Action::EtcdSnapshot { .. }
+                    | Action::EtcdRestore { .. }
             ),
             Some(Err(_)) => false,
         }
@@ -340,7 +361,9 @@ impl Decision {
         world: &World,
         last_remediation: Option<RemediationData>,
         snapshot: Option<super::etcd_backup::SnapshotOutcome>,
+        restore: Option<super::etcd_restore::RestoreOutcome>,
     ) -> KThreesControlPlaneStatus {
+        use super::etcd_restore::RestoreOutcome;
         let mut status = self.status.clone();
         if let Some(recorded) = last_remediation {
             status.last_remediation = Some(recorded);
@@ -348,6 +371,17 @@ impl Decision {
         if let Some(outcome) = snapshot {
             super::etcd_backup::record_outcome(&mut status.etcd_backup, outcome);
             set_backup_condition(world, &mut status);
+        }
+        match restore {
+            Some(RestoreOutcome::Finished(record)) => {
+                status.etcd_backup.get_or_insert_default().last_restore = Some(record);
+                set_restore_condition(world, &mut status, None, None);
+            }
+            Some(RestoreOutcome::Unusable(message)) => {
+                let decision = self.planned().and_then(|p| p.restore.as_ref());
+                set_restore_condition(world, &mut status, decision, Some(&message));
+            }
+            None => {}
         }
         status
     }
@@ -416,6 +450,7 @@ mod tests {
             member_missing_grace: std::time::Duration::from_secs(120),
             etcd_space: Default::default(),
             etcd_history: None,
+            restored_data: None,
             etcd_defragmented: Default::default(),
             now: chrono::Utc::now(),
         }
@@ -549,7 +584,7 @@ mod tests {
     fn the_status_after_acting_adds_the_recorded_remediation_only() {
         let w = world(valid_spec(), Some("c"));
         let decision = decide(&w, proceed(&w));
-        assert_eq!(decision.status_after(&w, None, None), decision.status);
+        assert_eq!(decision.status_after(&w, None, None, None), decision.status);
         let recorded = RemediationData {
             machine: "m1".into(),
             timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -557,7 +592,7 @@ mod tests {
             ),
             retry_count: 1,
         };
-        let after = decision.status_after(&w, Some(recorded.clone()), None);
+        let after = decision.status_after(&w, Some(recorded.clone()), None, None);
         assert_eq!(after.last_remediation, Some(recorded));
         assert_eq!(after.conditions, decision.status.conditions);
     }

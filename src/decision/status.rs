@@ -587,6 +587,7 @@ mod tests {
             member_missing_grace: std::time::Duration::from_secs(120),
             etcd_space: Default::default(),
             etcd_history: None,
+            restored_data: None,
             etcd_defragmented: Default::default(),
             now: chrono::Utc::now(),
         }

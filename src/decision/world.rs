@@ -76,6 +76,9 @@ pub struct World {
     /// Whether the history is compacted to the current revision, read only
     /// when the space rule needs it ([`super::space::needs_history`]).
     pub etcd_history: Option<Result<crate::space::History, String>>,
+    /// Whether a restored member holds the snapshot's data, read only while
+    /// a restore Machine is waited for ([`super::etcd_restore::marker_to_read`]).
+    pub restored_data: Option<RestoredData>,
     /// The members this process defragmented, with the revision each
     /// reported right after ([`crate::space::MemberSpace::measured`]).
     pub etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
@@ -134,6 +137,13 @@ impl World {
             *slot = updated;
         }
     }
+}
+
+/// One read of the restore's marker key (the snapshot's source Node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredData {
+    pub key: String,
+    pub found: Result<bool, String>,
 }
 
 /// A leadership move started and not yet confirmed. The MoveLeader call runs

@@ -11,12 +11,14 @@
 //! - [`ops`]: move leader, remove member, safe remove.
 //! - [`serving_certs`]: each member's serving certificate expiry, from our handshakes.
 //! - [`save`]: stream a snapshot from one healthy voter, verified on the fly.
+//! - [`keys`]: whether one key exists (the restore rule's check).
 //! - [`space`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space`].
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
 pub mod client;
 pub mod cluster;
 pub mod error;
+pub mod keys;
 pub mod ops;
 pub mod save;
 pub mod serving_certs;

@@ -38,19 +38,15 @@ pub use super::restore_record::{
 };
 use super::sandbox::{NAMESPACE, Sandbox, SandboxError};
 
-/// The env file with the S3 keys the restore command sources.
-pub const RESTORE_S3_ENV_PATH: &str = "/etc/rancher/k3s/restore-s3.env";
-/// The CA bundle `--etcd-s3-endpoint-ca` names, when one is configured.
-pub const RESTORE_S3_CA_PATH: &str = "/etc/rancher/k3s/restore-s3-ca.crt";
+/// The contract the controller writes and the simulation reads: the keys
+/// file, the endpoint's CA, and the one shell edit of the k3s configuration
+/// the simulation knows ([`SERVER_TO_CLUSTER_INIT`]: `server:` becomes
+/// `cluster-init: true`, docs/k3s.md SR9).
+pub use crate::backup::restore_boot::{
+    S3_CA_PATH as RESTORE_S3_CA_PATH, S3_ENV_PATH as RESTORE_S3_ENV_PATH, SERVER_TO_CLUSTER_INIT,
+};
 /// Where the bootstrap provider writes the k3s configuration.
 pub const K3S_CONFIG_PATH: &str = "/etc/rancher/k3s/config.yaml";
-/// A `preK3sCommands` entry that turns the join configuration the
-/// bootstrap provider renders once the cluster is initialized into a first
-/// server's (docs/k3s.md SR9): `server:` becomes `cluster-init: true`, so
-/// the install script's start is a new first server and `--cluster-reset`
-/// is accepted. The only shell edit of that file the simulation knows.
-pub const SERVER_TO_CLUSTER_INIT: &str =
-    "sed -i 's/^server:.*/cluster-init: true/' /etc/rancher/k3s/config.yaml";
 
 /// Why a KThreesConfig's restore commands cannot be carried out; each
 /// names the field and, where k3s or the shell would refuse, says it as

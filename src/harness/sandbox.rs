@@ -498,6 +498,7 @@ impl Sandbox {
             );
             let proxied = member.listen_client_addr();
             self.add_node(&node, &ip, Some(&member_name)).await?;
+            self.store_node_key(i, &node).await?;
             self.add_etcd_proxy(&node, proxied).await?;
             let machine = node.clone();
             self.add_machine(&kcp, &machine, Some((&node, &ip))).await?;
@@ -624,6 +625,21 @@ impl Sandbox {
         )
         .await
         .map_err(|e| SandboxError(format!("listen on {}:6443: {e}", member.ip)))
+    }
+
+    /// The Node's object in etcd, where k3s's API server keeps it
+    /// (`/registry/minions/<node>`, docs/k3s.md SR11): what a snapshot of
+    /// the cluster carries and a fresh server's etcd lacks. Written through
+    /// member `index`; the sandbox's workload API itself is not backed by
+    /// this etcd.
+    pub async fn store_node_key(&self, index: usize, node: &str) -> Result<(), SandboxError> {
+        let key = format!("{}{node}", crate::decision::etcd_restore::NODE_KEY_PREFIX);
+        let value = serde_json::to_vec(&json!({"kind": "Node", "metadata": {"name": node}}))
+            .expect("a Node serializes");
+        self.etcd
+            .put(index, &key, value)
+            .await
+            .map_err(|e| SandboxError(format!("store {key} in etcd: {e}")))
     }
 
     /// A control-plane Node in the workload cluster, as k3s registers it.
