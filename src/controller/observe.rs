@@ -672,6 +672,12 @@ async fn read_workload(
         port_forward,
         pinned: pinned.as_ref(),
     };
+    if crate::decision::etcd_restore::is_under_way(world) {
+        // The cluster is being replaced: every pass starts from the Nodes as
+        // they are now (the restoring server's among them), never from what
+        // an earlier handle learnt of the old members, which are gone.
+        ctx.etcd.drop_cluster(&pool_key);
+    }
     let fallback = ctx.etcd.fallback(&pool_key);
     let (attempt, transport) = match (mode, fallback) {
         (TransportMode::Direct, _) => (reach.attempt(false).await, "direct".to_string()),

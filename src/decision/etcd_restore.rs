@@ -586,6 +586,12 @@ fn restored_member<'a>(
     }
 }
 
+/// Whether an accepted restore is under way (etcd is then read from the
+/// Nodes as they are at each pass: the cluster is being replaced).
+pub fn is_under_way(world: &World) -> bool {
+    matches!(accepted(world), Some(Ok(_)))
+}
+
 /// Whether the observation should read the restored data's marker key:
 /// an accepted attempt whose restore Machine exists. `Some(key)` to read.
 pub fn marker_to_read(world: &World) -> Option<String> {
