@@ -30,7 +30,9 @@ pub const SESSION_TOKEN_KEY: &str = "AWS_SESSION_TOKEN";
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackup {
     /// Where snapshots go: exactly one of `s3` and `filesystem`.
-    #[serde(default)]
+    // Required, with no schema default: a real API server checks a default
+    // against the node's CEL rules, and `{}` breaks the rule below (the CRD
+    // was refused on kube-apiserver v1.34.9).
     #[x_kube(validation = kube::core::Rule::new("has(self.s3) != has(self.filesystem)").message("spec.etcdBackup.target: exactly one of s3 and filesystem"))]
     pub target: BackupTarget,
     /// When to take scheduled snapshots: 5-field cron, in UTC (k3s's
