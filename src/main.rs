@@ -23,6 +23,8 @@ enum Command {
     Etcd(cli::etcd::EtcdArgs),
     /// Show members, machines, nodes, quorum and the next remediation decision.
     Inspect(cli::inspect::InspectArgs),
+    /// Ask the controller to restore a control plane that lost etcd quorum from a snapshot.
+    Restore(cli::restore::RestoreArgs),
     /// Self-contained demo: real etcd, simulated management cluster.
     #[cfg(feature = "sandbox")]
     Demo(cli::demo::DemoArgs),
@@ -38,6 +40,7 @@ async fn main() -> ExitCode {
         Command::Components(a) => cli::components::run(a),
         Command::Etcd(a) => cli::etcd::run(a).await,
         Command::Inspect(a) => cli::inspect::run(a).await,
+        Command::Restore(a) => cli::restore::run(a).await,
         #[cfg(feature = "sandbox")]
         Command::Demo(a) => cli::demo::run(a).await,
     }

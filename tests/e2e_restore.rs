@@ -24,13 +24,42 @@ use k3s_control_plane::decision::etcd_restore::{
 };
 use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
 use k3s_control_plane::harness::s3::MotoServer;
-use k3s_control_plane::harness::sandbox::{CLUSTER, NAMESPACE, Sandbox};
+use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");
 const CREDENTIALS: &str = "etcd-backup-s3";
+
+/// `k3s-control-plane restore` against the sandbox's management cluster:
+/// (exit code, stdout, stderr). Run without blocking the runtime that
+/// serves the sandbox's API.
+async fn restore_cli(sandbox: &Sandbox, args: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("management.yaml");
+    std::fs::write(
+        &kubeconfig,
+        k3s_control_plane::yaml::to_string(&sandbox.management.kubeconfig()).unwrap(),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(BIN)
+        .arg("restore")
+        .arg(format!("{NAMESPACE}/{KCP}"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .expect("run the binary");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 const BUCKET: &str = "snapshots";
 const KEYS: usize = 20;
 
@@ -180,9 +209,23 @@ async fn three_servers_two_lost_are_restored_from_a_snapshot_after_a_person_asks
     wait_reconciles(&sandbox, &controller.ctx, 4).await;
     nothing_restored(&sandbox, &old_machines, "before the person asked").await;
 
-    // A person names the snapshot.
+    // A person names the snapshot, through the CLI: it checks what the
+    // controller will (quorum, the snapshot whole in the target), then asks.
     let asked = tokio::time::Instant::now();
-    annotate_kcp(&sandbox, json!({ETCD_RESTORE_ANNOTATION: snapshot})).await;
+    let (code, stdout, stderr) = restore_cli(&sandbox, &["--snapshot", &snapshot]).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("etcd has lost quorum (voters 3, healthy "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("SHA-256 verified"), "{stdout}");
+    assert_eq!(
+        kcp(&sandbox)
+            .await
+            .annotations()
+            .get(ETCD_RESTORE_ANNOTATION),
+        Some(&snapshot)
+    );
     let deadline = asked + LIMIT * 3;
     let mut restore_machine = None;
     let mut most_machines = 0;
@@ -353,7 +396,20 @@ async fn bad_restore_requests_are_refused_and_nothing_is_deleted() {
     let before = machine_names(&sandbox).await;
     let controller = sandbox.start_controller();
 
-    // Quorum holds: refused with the numbers.
+    // Quorum holds: the CLI refuses (exit 2) and sets nothing.
+    let (code, _, stderr) = restore_cli(&sandbox, &["--snapshot", &snapshot]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("etcd has quorum (voters 3, healthy 3, quorum 2)"),
+        "{stderr}"
+    );
+    assert!(
+        !kcp(&sandbox)
+            .await
+            .annotations()
+            .contains_key(ETCD_RESTORE_ANNOTATION)
+    );
+    // Set by hand instead, the controller refuses it with the numbers.
     annotate_kcp(&sandbox, json!({ETCD_RESTORE_ANNOTATION: snapshot})).await;
     let message = wait_restoring_reason(&sandbox, REASON_RESTORE_REFUSED, "etcd has quorum").await;
     assert!(
@@ -382,6 +438,14 @@ async fn bad_restore_requests_are_refused_and_nothing_is_deleted() {
     sandbox.etcd.stop(2).await.unwrap();
     quorum_lost_seen(&sandbox).await;
     let unknown = "capi-on-demand-nowhere-1765000000";
+    let (code, _, stderr) = restore_cli(&sandbox, &["--snapshot", unknown]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--snapshot {unknown}: snapshot {unknown} not found"
+        )),
+        "{stderr}"
+    );
     annotate_kcp(&sandbox, json!({ETCD_RESTORE_ANNOTATION: unknown})).await;
     let message = wait_restoring_reason(&sandbox, REASON_SNAPSHOT_UNUSABLE, unknown).await;
     assert!(message.contains(ETCD_RESTORE_ANNOTATION), "{message}");

@@ -6,4 +6,5 @@ pub mod crds;
 pub mod demo;
 pub mod etcd;
 pub mod inspect;
+pub mod restore;
 pub mod run;

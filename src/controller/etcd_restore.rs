@@ -88,6 +88,26 @@ async fn s3_target(ctx: &Context, world: &World) -> std::result::Result<S3Config
     }
 }
 
+/// `snapshot` read back from the S3 target of `spec.etcdBackup`, streamed,
+/// and checked against etcd's trailing SHA-256; with where it is. The error
+/// names the field or the snapshot, never a secret. (The controller's
+/// acceptance and `k3s-control-plane restore` both check with this.)
+pub async fn verify_snapshot(
+    ctx: &Context,
+    world: &World,
+    snapshot: &str,
+) -> std::result::Result<(backup::Verified, String), String> {
+    let s3 = s3_target(ctx, world).await?;
+    let target = backup::Target::open(&TargetConfig::S3(s3)).map_err(|e| e.to_string())?;
+    match backup::verify_stored(&target, snapshot).await {
+        Ok(verified) => Ok((verified, target.location(snapshot))),
+        Err(BackupError::NotFound { target, .. }) => {
+            Err(format!("snapshot {snapshot} not found in {target}"))
+        }
+        Err(err) => Err(err.to_string()),
+    }
+}
+
 /// Verify the snapshot in the target (streamed, etcd's trailing SHA-256),
 /// then record the acceptance. Nothing is deleted before this passed.
 async fn accept(
@@ -98,19 +118,7 @@ async fn accept(
     forced: bool,
 ) -> Result<Option<RestoreOutcome>> {
     let kcp = &world.kcp;
-    let verified = async {
-        let s3 = s3_target(ctx, world).await?;
-        let target = backup::Target::open(&TargetConfig::S3(s3)).map_err(|e| e.to_string())?;
-        match backup::verify_stored(&target, snapshot).await {
-            Ok(verified) => Ok((verified, target.location(snapshot))),
-            Err(BackupError::NotFound { target, .. }) => {
-                Err(format!("snapshot {snapshot} not found in {target}"))
-            }
-            Err(err) => Err(err.to_string()),
-        }
-    }
-    .await;
-    let (verified, location) = match verified {
+    let (verified, location) = match verify_snapshot(ctx, world, snapshot).await {
         Ok(found) => found,
         Err(why) => {
             let message = format!(

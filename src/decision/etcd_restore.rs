@@ -867,7 +867,9 @@ mod tests {
     /// The rule and the message's telling part, for every situation.
     #[test]
     fn restore_rule_table() {
-        let cases: Vec<(&str, World, Option<(&str, &str)>)> = vec![
+        // (situation, world, expected rule and a telling part of its message)
+        type Case<'a> = (&'a str, World, Option<(&'a str, &'a str)>);
+        let cases: Vec<Case> = vec![
             ("nothing_asked", world(&[], s3_backup()), None),
             (
                 "quorum_holds_refused_with_the_numbers",
@@ -1273,13 +1275,16 @@ mod tests {
             step,
             message: "m".into(),
         };
-        let cases: Vec<(
-            &str,
+        // (situation, the rule's verdict, status, an unusable snapshot's
+        // message, expected (status, reason))
+        type Case<'a> = (
+            &'a str,
             Option<RestoreDecision>,
-            Option<&EtcdBackupStatus>,
-            Option<&str>,
-            Option<(bool, &str)>,
-        )> = vec![
+            Option<&'a EtcdBackupStatus>,
+            Option<&'a str>,
+            Option<(bool, &'a str)>,
+        );
+        let cases: Vec<Case> = vec![
             ("never_asked", None, None, None, None),
             (
                 "done_before",
