@@ -370,6 +370,23 @@ async fn three_servers_two_lost_are_restored_from_a_snapshot_after_a_person_asks
     assert_eq!(event_count(&sandbox, "EtcdRestoreRetiredMachine").await, 3);
     assert_eq!(event_count(&sandbox, "EtcdRestoreMachineCreated").await, 1);
     assert_eq!(event_count(&sandbox, "EtcdRestored").await, 1);
+    let restores = &controller.ctx.metrics.etcd_restores;
+    for (step, count) in [
+        ("accepted", 1),
+        ("retired-machine", 3),
+        ("machine-created", 1),
+        ("restored", 1),
+    ] {
+        let counted = restores
+            .get_or_create(&k3s_control_plane::controller::metrics::EtcdRestoreLabels {
+                step: step.into(),
+            })
+            .get();
+        assert_eq!(
+            counted, count,
+            "k3scp_etcd_restore_steps_total{{step={step}}}"
+        );
+    }
     controller.stop().await;
 }
 

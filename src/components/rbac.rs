@@ -92,7 +92,7 @@ pub const SECRETS: &[Permission] = &[Permission {
     group: "",
     resources: &["secrets"],
     verbs: &["get", "create", "update"],
-    why: "the cluster Secrets (<cluster>-ca, -cca, -etcd, -token, -kubeconfig)",
+    why: "the cluster Secrets (<cluster>-ca, -cca, -etcd, -token, -kubeconfig) and a restore's <cluster>-etcd-restore-s3",
 }];
 
 /// CRDs are cluster-scoped: a separate ClusterRole, bound cluster-wide even

@@ -124,6 +124,7 @@ async fn accept(
             let message = format!(
                 "annotation {ETCD_RESTORE_ANNOTATION}={snapshot}: {why}; nothing was deleted"
             );
+            ctx.metrics.etcd_restore_step("refused");
             publish(ctx, kcp, EventType::Warning, "EtcdRestoreRefused", &message).await;
             return Ok(Some(RestoreOutcome::Unusable(message)));
         }
@@ -156,6 +157,7 @@ async fn accept(
         verified.size, verified.sha256, plan.message, plan.rule
     );
     info!(rule = %plan.rule, "{note}");
+    ctx.metrics.etcd_restore_step("accepted");
     publish(ctx, kcp, EventType::Normal, "EtcdRestoreAccepted", &note).await;
     Ok(None)
 }
@@ -216,6 +218,7 @@ async fn retire(ctx: &Context, world: &World, plan: &Plan, names: &[String]) -> 
             plan.message, plan.rule
         );
         info!(rule = %plan.rule, machine = %name, "{note}");
+        ctx.metrics.etcd_restore_step("retired-machine");
         publish_about(
             ctx,
             kcp,
@@ -324,6 +327,7 @@ async fn create(ctx: &Context, world: &World, plan: &Plan, attempt: &Attempt) ->
         attempt.snapshot, plan.message, plan.rule
     );
     info!(rule = %plan.rule, machine = %name, "{note}");
+    ctx.metrics.etcd_restore_step("machine-created");
     publish_about(
         ctx,
         kcp,
@@ -387,6 +391,7 @@ async fn finish(
         record.snapshot, record.machine, record.member, plan.message, plan.rule
     );
     info!(rule = %plan.rule, "{note}");
+    ctx.metrics.etcd_restore_step("restored");
     publish(ctx, kcp, EventType::Normal, "EtcdRestored", &note).await;
     Ok(RestoreOutcome::Finished(record))
 }

@@ -27,6 +27,13 @@ pub struct RemediationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EtcdRestoreLabels {
+    /// The restore step carried out: accepted, refused (the snapshot could
+    /// not be verified), retired-machine, machine-created, restored.
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EtcdSnapshotLabels {
     /// before-removal, scheduled.
     pub purpose: String,
@@ -107,6 +114,8 @@ pub struct Metrics {
     pub remediations: Family<RemediationLabels, Counter>,
     /// etcd snapshots for `spec.etcdBackup`, by purpose and outcome.
     pub etcd_snapshots: Family<EtcdSnapshotLabels, Counter>,
+    /// Steps of restores from a snapshot a person asked for.
+    pub etcd_restores: Family<EtcdRestoreLabels, Counter>,
     pub etcd_operation_seconds: Family<EtcdOpLabels, Histogram>,
     pub reconcile_seconds: Histogram,
     /// 1 while this process leads (holds a valid Lease, or election is
@@ -154,6 +163,7 @@ impl Metrics {
             errors: Family::default(),
             remediations: Family::default(),
             etcd_snapshots: Family::default(),
+            etcd_restores: Family::default(),
             etcd_operation_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.001, 2.0, 16))
             }),
@@ -222,6 +232,11 @@ impl Metrics {
             "etcd_snapshots",
             "etcd snapshots taken for spec.etcdBackup, by purpose and outcome",
             metrics.etcd_snapshots.clone(),
+        );
+        sub.register(
+            "etcd_restore_steps",
+            "Steps of etcd restores a person asked for, by step",
+            metrics.etcd_restores.clone(),
         );
         sub.register(
             "etcd_operation_duration_seconds",
@@ -494,6 +509,14 @@ impl Metrics {
             .get_or_create(&EtcdSnapshotLabels {
                 purpose: purpose.to_string(),
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn etcd_restore_step(&self, step: &str) {
+        self.etcd_restores
+            .get_or_create(&EtcdRestoreLabels {
+                step: step.to_string(),
             })
             .inc();
     }
