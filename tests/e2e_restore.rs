@@ -498,13 +498,43 @@ async fn bad_restore_requests_are_refused_and_nothing_is_deleted() {
         "{message}"
     );
 
-    // The right snapshot, but the bucket is gone from the spec's endpoint.
+    // The right snapshot, but the credentials are wrong: refused by the
+    // target, the Secret named, the secret never shown.
+    let secrets: Api<Secret> = Api::namespaced(sandbox.client(), NAMESPACE);
+    let wrong = json!({"stringData": {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}});
+    secrets
+        .patch(
+            CREDENTIALS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&wrong),
+        )
+        .await
+        .unwrap();
     annotate_kcp(&sandbox, json!({ETCD_RESTORE_ANNOTATION: snapshot})).await;
+    let message = wait_restoring_reason(
+        &sandbox,
+        REASON_SNAPSHOT_UNUSABLE,
+        "spec.etcdBackup.target.s3.credentialsSecret",
+    )
+    .await;
+    assert!(!message.contains("not-the-secret"), "{message}");
+
+    // The right snapshot and keys, but a bucket the endpoint does not have
+    // (set before the keys are put right: never a moment when all is right).
     patch_kcp_spec(
         &sandbox,
         json!({"etcdBackup": {"target": {"s3": {"bucket": "missing"}}}}),
     )
     .await;
+    let right = json!({"stringData": {"AWS_SECRET_ACCESS_KEY": s3.secret_access_key()}});
+    secrets
+        .patch(
+            CREDENTIALS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&right),
+        )
+        .await
+        .unwrap();
     let message = wait_restoring_reason(
         &sandbox,
         REASON_SNAPSHOT_UNUSABLE,
