@@ -12,11 +12,11 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
+use crate::api::Machine;
 use crate::api::names::{
     PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
     UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
 };
-use crate::api::{KThreesControlPlane, Machine};
 use crate::etcd::{EtcdCluster, LeaderMove};
 use crate::remediation::steps::{
     BORN_HOOK_VALUE, Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value,
@@ -26,6 +26,7 @@ use crate::space::SpaceStep;
 use super::context::Context;
 use super::create::create_machine;
 use super::error::{Error, Result};
+use super::kcp_metadata::patch_kcp_metadata;
 use super::publish::{machine_ref, publish, publish_about};
 use crate::decision::plan::{Action, Plan};
 use crate::decision::world::World;
@@ -53,7 +54,6 @@ pub async fn act(
     let kcp = &world.kcp;
     let namespace = kcp.namespace().unwrap_or_default();
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let kcps: Api<KThreesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut outcome = Outcome::default();
     let (removal, step) = match &plan.action {
         Action::Idle | Action::Wait => return Ok(outcome),
@@ -88,7 +88,7 @@ pub async fn act(
                 .map_err(|source| Error::Etcd { step, source })?;
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
-            super::etcd_snapshot::consume_waiver(ctx, &kcps, world, *member, None).await;
+            super::etcd_snapshot::consume_waiver(ctx, world, *member, None).await;
             let moved = match &removed.leader_move {
                 Some(LeaderMove::Moved { to, .. }) => {
                     format!(" (it led etcd: leadership moved to {to})")
@@ -168,20 +168,10 @@ pub async fn act(
         // Writes that act as locks or carry state between steps are
         // conditional on the version observed: a 409 means observe again.
         Step::RecordRemediation { value } => {
-            let patch = json!({"metadata": {
-                "resourceVersion": kcp.resource_version(),
-                "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()},
-            }});
-            ctx.kcp_writes.started(kcp);
-            let written = kcps
-                .patch(
-                    &kcp.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+            let annotations = json!({REMEDIATION_IN_PROGRESS_ANNOTATION: value.to_annotation()});
+            patch_kcp_metadata(ctx, kcp, json!({ "annotations": annotations }), true)
                 .await
                 .map_err(act_err)?;
-            ctx.kcp_writes.finished(&written);
         }
         Step::AddHook { machine, member } => {
             let patch = json!({"metadata": {
@@ -243,14 +233,7 @@ pub async fn act(
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
             info!(?removed, planned = %assessment, "etcd member removed");
-            super::etcd_snapshot::consume_waiver(
-                ctx,
-                &kcps,
-                world,
-                *member,
-                Some(&removal.machine),
-            )
-            .await;
+            super::etcd_snapshot::consume_waiver(ctx, world, *member, Some(&removal.machine)).await;
         }
         Step::ReleaseHook { machine } => {
             // cluster-api-k3s's hook goes with ours, in the same write: the
@@ -279,20 +262,10 @@ pub async fn act(
             outcome.last_remediation = Some(crate::api::RemediationData::from(remediation_for));
         }
         Step::ClearRemediationInProgress => {
-            let patch = json!({"metadata": {
-                "resourceVersion": kcp.resource_version(),
-                "annotations": {REMEDIATION_IN_PROGRESS_ANNOTATION: null},
-            }});
-            ctx.kcp_writes.started(kcp);
-            let written = kcps
-                .patch(
-                    &kcp.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+            let annotations = json!({REMEDIATION_IN_PROGRESS_ANNOTATION: null});
+            patch_kcp_metadata(ctx, kcp, json!({ "annotations": annotations }), true)
                 .await
                 .map_err(act_err)?;
-            ctx.kcp_writes.finished(&written);
         }
         Step::Wait { .. } | Step::Done => return Ok(outcome),
     }

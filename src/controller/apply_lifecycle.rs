@@ -16,6 +16,7 @@ use crate::lifecycle::{DeletionStep, Lifecycle, SecretWrite};
 use super::cluster_secrets::SecretWriter;
 use super::context::Context;
 use super::error::{Error, Result};
+use super::kcp_metadata::patch_kcp_metadata;
 use super::publish::{publish, publish_about};
 use crate::decision::view::hooks_to_release;
 use crate::decision::world::World;
@@ -41,20 +42,9 @@ pub async fn apply(ctx: &Context, world: &World, lifecycle: &Lifecycle) -> Resul
         Lifecycle::AddFinalizer => {
             let mut finalizers = kcp.finalizers().to_vec();
             finalizers.push(KCP_FINALIZER.to_string());
-            let patch = json!({"metadata": {
-                "resourceVersion": kcp.resource_version(),
-                "finalizers": finalizers,
-            }});
-            ctx.kcp_writes.started(kcp);
-            let written = kcps
-                .patch(
-                    &kcp.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+            patch_kcp_metadata(ctx, kcp, json!({ "finalizers": finalizers }), true)
                 .await
                 .map_err(act_err("add finalizer"))?;
-            ctx.kcp_writes.finished(&written);
             Ok(())
         }
         Lifecycle::Secrets { plan } => {

@@ -34,6 +34,7 @@ use crate::decision::world::World;
 use super::context::Context;
 use super::create::{RestoreBirth, create_machine_born};
 use super::error::{Error, Result};
+use super::kcp_metadata::patch_kcp_metadata;
 use super::publish::{machine_ref, publish, publish_about};
 
 /// Carry out `step`. `Some` when it changes status (the restore finished,
@@ -136,22 +137,10 @@ async fn accept(
     };
     // Conditional on the object decided on: a request changed meanwhile is
     // decided again.
-    let patch = json!({"metadata": {
-        "resourceVersion": kcp.resource_version(),
-        "annotations": {ETCD_RESTORE_ACCEPTED_ANNOTATION: attempt.annotation_value()},
-    }});
-    let kcps: Api<KThreesControlPlane> =
-        Api::namespaced(ctx.client.clone(), &kcp.namespace().unwrap_or_default());
-    ctx.kcp_writes.started(kcp);
-    let written = kcps
-        .patch(
-            &kcp.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    let annotations = json!({ETCD_RESTORE_ACCEPTED_ANNOTATION: attempt.annotation_value()});
+    patch_kcp_metadata(ctx, kcp, json!({ "annotations": annotations }), true)
         .await
         .map_err(act_err("etcd-restore: record the acceptance".into()))?;
-    ctx.kcp_writes.finished(&written);
     let note = format!(
         "accepted the restore from etcd snapshot {snapshot} ({location}, {} bytes, SHA-256 {} verified): {} ({})",
         verified.size, verified.sha256, plan.message, plan.rule
@@ -369,22 +358,9 @@ async fn finish(
             serde_json::Value::Null,
         );
     }
-    let patch = json!({"metadata": {
-        "resourceVersion": kcp.resource_version(),
-        "annotations": clear,
-    }});
-    let kcps: Api<KThreesControlPlane> =
-        Api::namespaced(ctx.client.clone(), &kcp.namespace().unwrap_or_default());
-    ctx.kcp_writes.started(kcp);
-    let written = kcps
-        .patch(
-            &kcp.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    patch_kcp_metadata(ctx, kcp, json!({ "annotations": clear }), true)
         .await
         .map_err(act_err("etcd-restore: clear the request".into()))?;
-    ctx.kcp_writes.finished(&written);
     let record = record(step, world.now).expect("a Finish step makes a record");
     let note = format!(
         "restored etcd from snapshot {} onto Machine {} (member {}); scale-up joins the other servers: {} ({})",

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -262,30 +261,22 @@ pub async fn target_config(
 /// After `member`'s removal: a waiver naming it (or its Machine) is spent.
 /// Best effort: a waiver left behind names a member or Machine that is gone
 /// (etcd never reuses ids; Machine names carry a random part).
-pub async fn consume_waiver(
-    ctx: &Context,
-    kcps: &Api<KThreesControlPlane>,
-    world: &World,
-    member: u64,
-    machine: Option<&str>,
-) {
+pub async fn consume_waiver(ctx: &Context, world: &World, member: u64, machine: Option<&str>) {
     let Some(waiver) = crate::decision::etcd_backup::waiver(&world.kcp) else {
         return;
     };
     if !crate::decision::etcd_backup::waives(waiver, &format!("{member:016x}"), machine) {
         return;
     }
-    let patch = json!({"metadata": {"annotations": {ETCD_SNAPSHOT_WAIVED_ANNOTATION: null}}});
-    ctx.kcp_writes.started(&world.kcp);
-    match kcps
-        .patch(
-            &world.kcp.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
+    let annotations = json!({ETCD_SNAPSHOT_WAIVED_ANNOTATION: null});
+    if let Err(err) = super::kcp_metadata::patch_kcp_metadata(
+        ctx,
+        &world.kcp,
+        json!({ "annotations": annotations }),
+        false,
+    )
+    .await
     {
-        Ok(written) => ctx.kcp_writes.finished(&written),
-        Err(err) => warn!(%err, "removing the spent annotation {ETCD_SNAPSHOT_WAIVED_ANNOTATION}"),
+        warn!(%err, "removing the spent annotation {ETCD_SNAPSHOT_WAIVED_ANNOTATION}");
     }
 }

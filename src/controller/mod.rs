@@ -18,6 +18,7 @@ pub mod etcd_restore;
 pub mod etcd_snapshot;
 pub mod http;
 pub mod k3s_serving;
+pub mod kcp_metadata;
 pub mod metrics;
 pub mod observe;
 pub mod publish;
