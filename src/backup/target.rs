@@ -935,3 +935,48 @@ mod tests {
         assert_eq!(scrub("sig very-secret-key x", &secrets), "sig <redacted> x");
     }
 }
+
+#[cfg(test)]
+mod abandoned {
+    use super::*;
+
+    /// A process killed in the middle of an upload leaves the target's
+    /// half-written object behind (a staging file here; parts on S3): it is
+    /// never listed (so retention and `list` never count it), and the same
+    /// name can be written whole later.
+    #[tokio::test]
+    async fn an_upload_left_half_way_is_never_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Target::open(&TargetConfig::Filesystem {
+            path: dir.path().to_path_buf(),
+        })
+        .unwrap();
+        let name = "capi-scheduled-cp-0-1765000000";
+        let mut upload = target.put(name).await.unwrap();
+        upload.write(&vec![7u8; 3 * 1024 * 1024]).await.unwrap();
+        // Dropped without finish or abort: what a kill leaves.
+        drop(upload);
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        // object_store's staging file, `<name>#<n>`.
+        assert!(
+            left.iter().any(|f| f.starts_with(&format!("{name}#"))),
+            "{left:?}"
+        );
+        assert!(target.list().await.unwrap().is_empty(), "{left:?}");
+        assert!(!target.exists(name).await.unwrap());
+        let mut again = target.put(name).await.unwrap();
+        again.write(b"whole").await.unwrap();
+        again.finish().await.unwrap();
+        let listed: Vec<String> = target
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(listed, [name]);
+    }
+}
