@@ -39,7 +39,6 @@ use crate::decision::plan::{Action, Refusal};
 use crate::decision::world::{EtcdObservation, World};
 use crate::decision::{Decision, decide, decide_lifecycle};
 use crate::lifecycle::{DeletionStep, Lifecycle};
-use crate::remediation::steps::Step;
 
 #[instrument(skip_all, fields(kcp = %format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any()), cluster, rule))]
 pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Result<Requeue> {
@@ -328,7 +327,7 @@ async fn decide_and_act(
     }
     if reused
         && let Some(plan) = decision.planned()
-        && decided_on_its_own_snapshot(&plan.action)
+        && plan.action.needs_its_own_etcd_snapshot()
     {
         // Decided on the pass before's snapshot: take one of its own first.
         WorkloadObservation::forget(&mut world);
@@ -480,12 +479,14 @@ async fn act_on_plan(
             } else {
                 tracing::debug!(rule = %plan.rule, "{}", plan.message);
             }
-            Ok(Pass::Done(Requeue::requeue(wait_requeue(ctx, &plan.rule))))
+            Ok(Pass::Done(Requeue::requeue(
+                crate::decision::pace::wait_pace(ctx.settings.wait_requeue, &plan.rule),
+            )))
         }
         Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
         Action::Step { removal, .. } => {
             let machine = removal.machine.clone();
-            let workload = (!touches_etcd(&plan.action))
+            let workload = (!plan.action.changes_etcd())
                 .then(|| Box::new(WorkloadObservation::of(world, handle)));
             Ok(Pass::Stepped {
                 requeue: Requeue::requeue(Duration::from_millis(200)),
@@ -501,31 +502,6 @@ async fn act_on_plan(
         | Action::EtcdRestore { .. } => {
             Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
         }
-    }
-}
-
-/// How soon a wait is looked at again: a leadership move under way is
-/// confirmed within about a heartbeat, so soon; a new member waiting to be
-/// promoted from learner (k3s's leader promotes on its 15 s tick) every
-/// second, so a scale-up or rollout goes on within a second of it rather
-/// than up to a whole wait later (measured: about 5.4 s of a bring-up of 3,
-/// docs/bench.md fifth round); any other wait at the configured pace.
-fn wait_requeue(ctx: &Context, rule: &str) -> Duration {
-    requeue_for_wait(ctx.settings.wait_requeue, rule)
-}
-
-/// [`wait_requeue`] with the configured pace given. Pure.
-fn requeue_for_wait(configured: Duration, rule: &str) -> Duration {
-    let moving = crate::remediation::steps::WaitReason::LeadershipMoving.as_str();
-    let settling = crate::remediation::steps::WaitReason::EtcdSettling.as_str();
-    let learner = crate::rollout::preflight::Check::EtcdLearner.as_str();
-    // Settling passes within a few heartbeats (500 ms on k3s).
-    if rule.ends_with(&format!(".wait.{moving}")) || rule.ends_with(&format!(".{settling}")) {
-        configured.min(Duration::from_millis(250))
-    } else if rule.ends_with(&format!(".{learner}")) {
-        configured.min(Duration::from_secs(1))
-    } else {
-        configured
     }
 }
 
@@ -607,45 +583,6 @@ async fn settle_lifecycle(
     })
 }
 
-/// Whether `action` changes etcd or its membership, now or once a new Machine
-/// joins (a leadership move, a member removal, a new Machine): such an action
-/// is decided on an etcd snapshot taken in its own pass, never on an earlier
-/// pass's.
-fn decided_on_its_own_snapshot(action: &Action) -> bool {
-    touches_etcd(action)
-        || matches!(
-            action,
-            Action::CreateMachine
-                | Action::EtcdRestore { .. }
-                | Action::Step {
-                    step: Step::CreateReplacement { .. },
-                    ..
-                }
-        )
-}
-
-/// Whether carrying out `action` changes etcd at once (leadership, members):
-/// the pass after it reads etcd again to see the effect.
-fn touches_etcd(action: &Action) -> bool {
-    match action {
-        Action::Step { step, .. } => {
-            matches!(
-                step,
-                Step::MoveLeadership { .. } | Step::RemoveMember { .. }
-            )
-        }
-        Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
-        // A snapshot reads etcd and changes nothing in it; a restore's
-        // steps change Machines, not the etcd the pass read.
-        Action::CreateMachine
-        | Action::AddHooks { .. }
-        | Action::EtcdSnapshot { .. }
-        | Action::EtcdRestore { .. }
-        | Action::Wait
-        | Action::Idle => false,
-    }
-}
-
 /// The quorum gauges of this world's cluster: the numbers `status.etcd`
 /// gets, or no series when etcd was not read this reconcile.
 fn record_etcd_quorum(ctx: &Context, world: &World) {
@@ -685,148 +622,4 @@ pub fn error_policy(kcp: Arc<KThreesControlPlane>, error: &Error, ctx: Arc<Conte
     ctx.metrics.error(error.stage());
     warn!(kcp = %key, stage = error.stage(), %error, retry_in = ?delay, "reconcile failed");
     Requeue::requeue(delay)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::remediation::steps::{Removal, RemovalKind, WaitReason};
-
-    fn step(step: Step) -> Action {
-        Action::Step {
-            removal: Removal {
-                machine: "cp-0".into(),
-                kind: RemovalKind::ScaleDown,
-            },
-            step,
-        }
-    }
-
-    /// Which actions need an etcd snapshot of their own pass (the others may
-    /// be decided on the pass before's, after a management step), and after
-    /// which the next pass must read etcd again.
-    #[test]
-    fn steps_that_change_etcd_or_its_membership_need_a_snapshot_of_their_own() {
-        let assessment = crate::quorum::assess_cluster(&[]);
-        let cases = [
-            (step(Step::MoveLeadership { from: 1, to: 2 }), (true, true)),
-            (
-                step(Step::RemoveMember {
-                    member: 1,
-                    via: 2,
-                    assessment: assessment.clone(),
-                }),
-                (true, true),
-            ),
-            (
-                step(Step::CreateReplacement {
-                    remediation_for: crate::remediation::model::RemediationData {
-                        machine: "cp-0".into(),
-                        timestamp: None,
-                        retry_count: 0,
-                    },
-                }),
-                (true, false),
-            ),
-            (
-                Action::RemoveOrphan {
-                    member: 1,
-                    label: "m1".into(),
-                    kind: "ghost",
-                    assessment,
-                },
-                (true, true),
-            ),
-            (Action::CreateMachine, (true, false)),
-            (
-                Action::EtcdSpace {
-                    step: crate::space::SpaceStep::Defragment {
-                        member: 1,
-                        label: "m1".into(),
-                    },
-                },
-                (true, true),
-            ),
-            (
-                Action::EtcdSpace {
-                    step: crate::space::SpaceStep::DisarmNospace,
-                },
-                (true, true),
-            ),
-            (
-                step(Step::AddHook {
-                    machine: "cp-0".into(),
-                    member: Some(1),
-                }),
-                (false, false),
-            ),
-            (
-                step(Step::DeleteMachine {
-                    machine: "cp-0".into(),
-                }),
-                (false, false),
-            ),
-            (
-                step(Step::ReleaseHook {
-                    machine: "cp-0".into(),
-                }),
-                (false, false),
-            ),
-            (step(Step::ClearRemediationInProgress), (false, false)),
-            (
-                step(Step::Wait {
-                    reason: WaitReason::Drain,
-                    message: String::new(),
-                }),
-                (false, false),
-            ),
-            (Action::Wait, (false, false)),
-            (Action::Idle, (false, false)),
-        ];
-        for (action, (own_snapshot, touches)) in cases {
-            assert_eq!(
-                decided_on_its_own_snapshot(&action),
-                own_snapshot,
-                "{action:?}"
-            );
-            assert_eq!(touches_etcd(&action), touches, "{action:?}");
-        }
-    }
-
-    #[test]
-    fn each_wait_is_looked_at_again_at_its_own_pace() {
-        let configured = Duration::from_secs(10);
-        let cases = [
-            (
-                "a_leadership_move_under_way",
-                "remediation.wait.leadership-moving",
-                250,
-            ),
-            (
-                "a_scale_up_waiting_for_a_learner",
-                "scale-up.etcd-learner",
-                1000,
-            ),
-            (
-                "a_rollout_waiting_for_a_learner",
-                "rollout.etcd-learner",
-                1000,
-            ),
-            ("a_drain", "remediation.wait.drain", 10_000),
-            ("quorum_at_risk", "remediation.wait.quorum-at-risk", 10_000),
-            ("a_node_not_ready", "scale-up.node-not-ready", 10_000),
-        ];
-        for (name, rule, millis) in cases {
-            assert_eq!(
-                requeue_for_wait(configured, rule),
-                Duration::from_millis(millis),
-                "{name}"
-            );
-        }
-        assert_eq!(
-            requeue_for_wait(Duration::from_millis(500), "scale-up.etcd-learner"),
-            Duration::from_millis(500),
-            "never slower than configured"
-        );
-    }
 }

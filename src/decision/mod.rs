@@ -8,6 +8,7 @@ pub mod contract_conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
 pub mod events;
+pub mod pace;
 pub mod plan;
 pub mod record;
 pub mod shard;

@@ -67,6 +67,47 @@ pub enum Action {
     Idle,
 }
 
+impl Action {
+    /// Whether this action changes etcd or its membership, now or once a
+    /// new Machine joins (a leadership move, a member removal, a new
+    /// Machine, a restore's step): it is decided on an etcd snapshot taken in
+    /// its own pass, never on an earlier pass's.
+    pub fn needs_its_own_etcd_snapshot(&self) -> bool {
+        self.changes_etcd()
+            || matches!(
+                self,
+                Action::CreateMachine
+                    | Action::EtcdRestore { .. }
+                    | Action::Step {
+                        step: Step::CreateReplacement { .. },
+                        ..
+                    }
+            )
+    }
+
+    /// Whether carrying it out changes etcd at once (leadership, members):
+    /// the pass after it reads etcd again to see the effect.
+    pub fn changes_etcd(&self) -> bool {
+        match self {
+            Action::Step { step, .. } => {
+                matches!(
+                    step,
+                    Step::MoveLeadership { .. } | Step::RemoveMember { .. }
+                )
+            }
+            Action::RemoveOrphan { .. } | Action::EtcdSpace { .. } => true,
+            // A snapshot reads etcd and changes nothing in it; a restore's
+            // steps change Machines, not the etcd the pass read.
+            Action::CreateMachine
+            | Action::AddHooks { .. }
+            | Action::EtcdSnapshot { .. }
+            | Action::EtcdRestore { .. }
+            | Action::Wait
+            | Action::Idle => false,
+        }
+    }
+}
+
 /// Why the reconcile cannot even decide.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -631,4 +672,111 @@ fn scale(view: &ControlPlaneView, max_surge: u32) -> (Action, String, String) {
         "steady".into(),
         format!("{live} of {desired} machines, nothing to remediate"),
     )
+}
+
+#[cfg(test)]
+mod etcd_snapshot_needs {
+    use super::*;
+    use crate::remediation::steps::{Removal, RemovalKind, WaitReason};
+
+    fn step(step: Step) -> Action {
+        Action::Step {
+            removal: Removal {
+                machine: "cp-0".into(),
+                kind: RemovalKind::ScaleDown,
+            },
+            step,
+        }
+    }
+
+    /// Which actions need an etcd snapshot of their own pass (the others may
+    /// be decided on the pass before's, after a management step), and after
+    /// which the next pass must read etcd again.
+    #[test]
+    fn steps_that_change_etcd_or_its_membership_need_a_snapshot_of_their_own() {
+        let assessment = crate::quorum::assess_cluster(&[]);
+        let cases = [
+            (step(Step::MoveLeadership { from: 1, to: 2 }), (true, true)),
+            (
+                step(Step::RemoveMember {
+                    member: 1,
+                    via: 2,
+                    assessment: assessment.clone(),
+                }),
+                (true, true),
+            ),
+            (
+                step(Step::CreateReplacement {
+                    remediation_for: crate::remediation::model::RemediationData {
+                        machine: "cp-0".into(),
+                        timestamp: None,
+                        retry_count: 0,
+                    },
+                }),
+                (true, false),
+            ),
+            (
+                Action::RemoveOrphan {
+                    member: 1,
+                    label: "m1".into(),
+                    kind: "ghost",
+                    assessment,
+                },
+                (true, true),
+            ),
+            (Action::CreateMachine, (true, false)),
+            (
+                Action::EtcdSpace {
+                    step: crate::space::SpaceStep::Defragment {
+                        member: 1,
+                        label: "m1".into(),
+                    },
+                },
+                (true, true),
+            ),
+            (
+                Action::EtcdSpace {
+                    step: crate::space::SpaceStep::DisarmNospace,
+                },
+                (true, true),
+            ),
+            (
+                step(Step::AddHook {
+                    machine: "cp-0".into(),
+                    member: Some(1),
+                }),
+                (false, false),
+            ),
+            (
+                step(Step::DeleteMachine {
+                    machine: "cp-0".into(),
+                }),
+                (false, false),
+            ),
+            (
+                step(Step::ReleaseHook {
+                    machine: "cp-0".into(),
+                }),
+                (false, false),
+            ),
+            (step(Step::ClearRemediationInProgress), (false, false)),
+            (
+                step(Step::Wait {
+                    reason: WaitReason::Drain,
+                    message: String::new(),
+                }),
+                (false, false),
+            ),
+            (Action::Wait, (false, false)),
+            (Action::Idle, (false, false)),
+        ];
+        for (action, (own_snapshot, touches)) in cases {
+            assert_eq!(
+                action.needs_its_own_etcd_snapshot(),
+                own_snapshot,
+                "{action:?}"
+            );
+            assert_eq!(action.changes_etcd(), touches, "{action:?}");
+        }
+    }
 }
