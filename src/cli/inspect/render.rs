@@ -252,6 +252,12 @@ pub fn render_text(report: &Report) -> String {
             backup.message
         ));
     }
+    if let Some(restore) = &report.restore {
+        line(format!(
+            "etcd restore: {}: {}",
+            restore.reason, restore.message
+        ));
+    }
     let next = &report.next;
     line(format!("next: {}: {}", next.short(), next.message));
     out

@@ -38,7 +38,20 @@ pub struct Report {
     pub cluster_cas: Vec<CaReport>,
     /// `spec.etcdBackup`; absent without a target.
     pub backup: Option<BackupReport>,
+    /// A restore asked for, under way or done (`EtcdRestoring`); absent
+    /// when none ever was.
+    pub restore: Option<RestoreReport>,
     pub next: NextReport,
+}
+
+/// A restore from a snapshot, as `EtcdRestoring` says.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreReport {
+    /// True while one is under way.
+    pub restoring: bool,
+    pub reason: String,
+    pub message: String,
 }
 
 /// The snapshots of `spec.etcdBackup`, as `EtcdBackupReady` says.
@@ -547,6 +560,20 @@ impl Report {
                 })
                 .collect(),
             backup: backup_report(world),
+            restore: crate::decision::etcd_restore::condition(
+                decision.planned().and_then(|p| p.restore.as_ref()),
+                world
+                    .kcp
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.etcd_backup.as_ref()),
+                None,
+            )
+            .map(|(restoring, reason, message)| RestoreReport {
+                restoring,
+                reason: reason.into(),
+                message,
+            }),
             quorum: snapshot.map(|snap| {
                 let assessment = snap.assess_cluster();
                 QuorumReport {
@@ -643,6 +670,47 @@ mod report_tests {
         let report = Report::from_world(&w);
         assert_eq!(report.next.rule, "deletion.wait-for-workers");
         assert_eq!(report.next.action.as_deref(), Some("wait-for-workers"));
+    }
+
+    /// A restore asked for while quorum holds: the refusal is the next
+    /// thing, and the `etcd restore:` line says why with the numbers.
+    #[test]
+    fn a_restore_request_and_its_refusal_are_shown() {
+        let mut w = world(
+            vec![
+                machine("m0", "cp-0", "10.0.0.1"),
+                machine("m1", "cp-1", "10.0.0.2"),
+                machine("m2", "cp-2", "10.0.0.3"),
+            ],
+            vec![
+                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
+                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
+                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
+            ],
+            vec![
+                member(1, "cp-0-00000001", "10.0.0.1", 1),
+                member(2, "cp-1-00000002", "10.0.0.2", 1),
+                member(3, "cp-2-00000003", "10.0.0.3", 1),
+            ],
+        );
+        assert!(Report::from_world(&w).restore.is_none());
+        w.kcp.spec.etcd_backup = serde_json::from_value(json!({"target": {"s3": {
+            "endpoint": "minio:9000", "bucket": "b", "credentialsSecret": {"name": "k"}}}}))
+        .unwrap();
+        w.kcp.metadata.annotations = Some(
+            [(
+                crate::api::names::ETCD_RESTORE_ANNOTATION.to_string(),
+                "capi-scheduled-cp-0-1765000000".to_string(),
+            )]
+            .into(),
+        );
+        let report = Report::from_world(&w);
+        assert_eq!(report.next.rule, "restore.refused.quorum-holds");
+        let text = render_text(&report);
+        assert!(
+            text.contains("etcd restore: RestoreRefused: annotation controlplane.cluster.x-k8s.io/etcd-restore=capi-scheduled-cp-0-1765000000: etcd has quorum (voters 3, healthy 3, quorum 2)"),
+            "{text}"
+        );
     }
 
     #[test]
