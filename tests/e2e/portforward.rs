@@ -6,11 +6,10 @@
 //! falls back and says so, a missing proxy pod is named and nothing is removed,
 //! and the figures of port-forward against direct on one cluster.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Instant;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{ETCD_PROXY_NAMESPACE, ETCD_TRANSPORT_ANNOTATION};
 use k3s_control_plane::etcd::{EtcdCluster, Timeouts, Transport};
 use k3s_control_plane::harness::EtcdTestCluster;
@@ -19,6 +18,7 @@ use k3s_control_plane::workload::portforward::PortForwardRelay;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
+use support::*;
 
 async fn unreachable_sandbox() -> Sandbox {
     let sandbox = Sandbox::start_with(

@@ -8,11 +8,10 @@
 //! name as ours), and its pre-terminate hook
 //! `pre-terminate.delete.hook.machine.cluster.x-k8s.io: k3s` on Machines.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{
     CONTROL_PLANE_NAME_LABEL, KCP_FINALIZER, PRE_TERMINATE_HOOK_ANNOTATION,
     REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION, SPEC_HASH_ANNOTATION,
@@ -24,6 +23,7 @@ use k3s_control_plane::harness::sandbox::Sandbox;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
+use support::*;
 
 /// What cluster-api-k3s writes on a Machine it creates: the server
 /// configuration it compares for rollouts (never our spec hash).

@@ -3,9 +3,8 @@
 //! no member removed on a guess, at most one Machine deleting, and exactly one
 //! replacement where a remediation completes.
 
-mod e2e_support;
+use crate::support;
 
-use e2e_support::{LIMIT, Observer, Record, event_count, init_logs, machines, snapshot};
 use k3s_control_plane::api::KThreesControlPlane;
 use k3s_control_plane::controller::reconcile::reconcile;
 use k3s_control_plane::harness::sandbox::{
@@ -17,6 +16,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::sync::Arc;
+use support::{LIMIT, Observer, Record, event_count, init_logs, machines, snapshot};
 
 fn condition(kcp: &KThreesControlPlane, type_: &str) -> Condition {
     kcp.conditions()
@@ -138,8 +138,8 @@ async fn etcd_ca_rotated_mid_life_rebuilds_connections_and_never_reuses_old_ones
 /// completes with exactly one replacement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ghost_member_after_a_failed_join_is_counted_unhealthy_then_cleaned_up() {
-    use e2e_support::spare_ip;
     use k3s_control_plane::harness::infra_sim::add_ghost_member;
+    use support::spare_ip;
 
     init_logs();
     let mut sandbox = Sandbox::start(3).await.unwrap();
@@ -241,7 +241,7 @@ async fn drive_until_replaced(
 /// so each takes one step: no chaining), with the simulated infrastructure
 /// between steps, until `done`. Checks at every step that at most one Machine
 /// is deleting; the shared [`Observer`] samples etcd throughout, and its record
-/// must hold (e2e_support's rule: every sample counts, a window without a
+/// must hold (the support module's rule: every sample counts, a window without a
 /// leader closes within two election timeouts, no member removed while it
 /// led). Returns the steps and the record.
 async fn step_with_a_new_controller_each_time(
@@ -410,7 +410,7 @@ async fn a_scale_down_survives_a_controller_crash_after_every_step() {
 /// quorum is lost, with the numbers; nothing is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_of_three_members_dead_is_refused_within_seconds_saying_quorum_is_lost() {
-    use e2e_support::wait_owner_remediated;
+    use support::wait_owner_remediated;
     init_logs();
     let mut sandbox = Sandbox::start(3).await.unwrap();
     sandbox.etcd.kill(0).unwrap();
@@ -590,8 +590,8 @@ async fn conflicts_and_expired_watches_in_the_middle_of_a_remediation_lose_nothi
 /// leave too few healthy voters: refused, nothing deleted. Healed, the
 /// remediation completes with one replacement.
 async fn partitioned_member_blocks_a_removal_until_healed(partition_leader: bool) {
-    use e2e_support::wait_owner_remediated;
     use k3s_control_plane::harness::EtcdTestCluster;
+    use support::wait_owner_remediated;
     init_logs();
     let mut sandbox = Sandbox::start_with(EtcdTestCluster::builder().members(3).partitionable(), 3)
         .await
@@ -657,8 +657,8 @@ async fn a_partitioned_leader_blocks_a_removal_until_healed() {
 /// removal of another Machine is refused with a condition naming the alarm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nospace_on_one_member_blocks_a_removal_naming_the_alarm() {
-    use e2e_support::wait_owner_remediated;
     use k3s_control_plane::harness::EtcdTestCluster;
+    use support::wait_owner_remediated;
     init_logs();
     let full = 2;
     let sandbox = Sandbox::start_with(
@@ -718,8 +718,8 @@ async fn nospace_on_one_member_blocks_a_removal_naming_the_alarm() {
 /// that stay was removed while it led.
 #[test]
 fn the_quorum_sampler_counts_every_sample() {
-    use e2e_support::Sample;
     use std::time::Duration;
+    use support::Sample;
     let ms = Duration::from_millis;
     // (at ms, leader, healthy, voters)
     let sample = |at: u64, leader: Option<u64>, healthy: usize, voters: usize| Sample {

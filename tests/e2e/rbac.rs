@@ -7,12 +7,11 @@
 //! needs it). A role missing one grant is refused by the server and changes
 //! nothing.
 
-mod e2e_support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use e2e_support::{LIMIT, init_logs, machines};
 use k3s_control_plane::api::{Cluster, KThreesControlPlane};
 use k3s_control_plane::apiserver::{AuthorizationRecord, TestApiServer};
 use k3s_control_plane::components::{self, Options, rbac, variables};
@@ -30,6 +29,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
+use support::{LIMIT, init_logs, machines};
 use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "e2e-rbac-service-account-token";

@@ -2,13 +2,12 @@
 //! member costs nothing, a member without a Machine still counts, and a
 //! scale-down removes members one at a time, leadership first.
 
-mod e2e_support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{
     DELETE_MACHINE_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
     REMEDIATION_IN_PROGRESS_ANNOTATION,
@@ -21,6 +20,7 @@ use k3s_control_plane::harness::sandbox::{
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
+use support::*;
 
 /// A 4th control-plane machine whose node runs no etcd member (k3s
 /// `--disable-etcd`; a scale-up to 5 in progress) is marked: it is remediated

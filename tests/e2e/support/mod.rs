@@ -352,7 +352,7 @@ pub async fn quorum_sample(sandbox: &Sandbox) -> Option<(usize, usize, usize, St
 
 /// Run the simulated infrastructure until `done` holds, checking at every pass
 /// that at most one Machine is deleting and at most one provisioning, while
-/// the shared quorum sampler (e2e_support's [`Observer`]) watches etcd
+/// the shared quorum sampler (this module's [`Observer`]) watches etcd
 /// throughout: every sample counts, below quorum fails, a window without a
 /// leader must close within two election timeouts, and no member may be
 /// removed while it leads. Returns how many samples it took.

@@ -6,16 +6,16 @@
 //! without it, nothing of the kind happens. A fragmented cluster is
 //! defragmented one member at a time, as sampling the members shows.
 
-mod e2e_support;
+use crate::support;
 
-use e2e_support::{
-    LIMIT, annotate_kcp, event_notes, events, init_logs, kcp, snapshot, wait_reconciles,
-};
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::sandbox::{Sandbox, fast_settings};
 use k3s_control_plane::harness::space::one_at_a_time;
 use k3s_control_plane::space::{SpaceSettings, Thresholds};
 use serde_json::json;
+use support::{
+    LIMIT, annotate_kcp, event_notes, events, init_logs, kcp, snapshot, wait_reconciles,
+};
 
 const KEEP: &str = "keep";
 const KEPT: &[u8] = b"written before NOSPACE";

@@ -3,16 +3,16 @@
 //! voters or removing the member that leads; they survive a controller crash
 //! after every step; `rolloutAfter` rolls once; a label change rolls nothing.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::harness::rollout::{Drive, DriveRecord, drive_until};
 use k3s_control_plane::harness::sandbox::{Sandbox, VERSION};
 use kube::ResourceExt;
 use serde_json::json;
+use support::*;
 
 const NEW_VERSION: &str = "v1.31.4+k3s1";
 
@@ -216,7 +216,7 @@ async fn upgrade_with_max_surge_0_survives_a_crash_after_every_step() {
 }
 
 /// The real controller loop, watched from outside as fast as the observer can
-/// sample (e2e_support's shared quorum sampler): never two Machines deleting,
+/// sample (the support module's shared quorum sampler): never two Machines deleting,
 /// at every sample at least a quorum of that sample's voters healthy (3 of 4
 /// while a surge Machine's member votes, 2 of 3 otherwise), a window without
 /// a leader closed within two election timeouts, no member removed while it

@@ -4,12 +4,11 @@
 //! and a key removed from the template is removed again, while keys others
 //! set stay.
 
-mod e2e_support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, SYNCED_METADATA_ANNOTATION,
 };
@@ -18,6 +17,7 @@ use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox, dock
 use kube::api::{DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::*;
 
 const LABEL: &str = "sync.example.com/team";
 const ANNOTATION: &str = "sync.example.com/contact";

@@ -9,11 +9,10 @@
 //! kubeconfig rotation, pause, deletion without member removal, user CAs, and
 //! a lost etcd Secret.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::{LIMIT, all_ready, drive, event_count, init_logs, machines, wait_reconciles};
 use k3s_control_plane::api::names::{CLUSTER_NAME_LABEL, KCP_FINALIZER};
 use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
 use k3s_control_plane::controller::Settings;
@@ -28,6 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::{LIMIT, all_ready, drive, event_count, init_logs, machines, wait_reconciles};
 
 fn condition(kcp: &KThreesControlPlane, type_: &str) -> Option<Condition> {
     kcp.conditions().iter().find(|c| c.type_ == type_).cloned()
@@ -891,7 +891,7 @@ async fn a_healthy_life_emits_no_warning_and_counts_one_remediation() {
         .await
         .unwrap();
 
-    let warned = e2e_support::warning_events(&sandbox).await;
+    let warned = support::warning_events(&sandbox).await;
     assert!(
         warned.is_empty(),
         "Warning Events in a healthy life: {warned:#?}"

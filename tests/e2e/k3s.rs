@@ -3,17 +3,17 @@
 //! Node finalizer and member removal on Node deletion, and the leader's
 //! learner tick. Raft timing is k3s's (500/5000 ms), the harness default.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::K3S_ETCD_NODE_FINALIZER;
 use k3s_control_plane::harness::k3s_agent::{K3sAction, K3sAgent, K3sAgentSettings};
 use k3s_control_plane::harness::sandbox::Sandbox;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
+use support::*;
 
 async fn wait_finalizers(sandbox: &Sandbox) {
     let nodes: Api<Node> = Api::all(sandbox.workload.client());

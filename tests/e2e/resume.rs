@@ -1,12 +1,11 @@
 //! End to end: the controller resumes after a crash between two steps, leaves
 //! externally remediated machines alone, and ignores a stale in-progress record.
 
-mod e2e_support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::Machine;
 use k3s_control_plane::api::names::{
     PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
@@ -16,6 +15,7 @@ use k3s_control_plane::etcd::EtcdCluster;
 use k3s_control_plane::harness::sandbox::{Sandbox, controller_context, one_step_settings};
 use kube::ResourceExt;
 use serde_json::json;
+use support::*;
 
 fn remediation_for(machine: &Machine) -> Option<serde_json::Value> {
     machine

@@ -4,11 +4,10 @@
 //! names the field, until it works again or a person waives it once;
 //! scheduled snapshots and retention on a directory target.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::{Duration, SystemTime};
 
-use e2e_support::*;
 use k3s_control_plane::api::etcd_backup::SnapshotPurpose;
 use k3s_control_plane::api::names::ETCD_SNAPSHOT_WAIVED_ANNOTATION;
 use k3s_control_plane::backup::{SnapshotName, SnapshotReason, Target, TargetConfig};
@@ -21,6 +20,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
+use support::*;
 
 const CREDENTIALS: &str = "etcd-backup-s3";
 

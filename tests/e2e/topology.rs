@@ -8,11 +8,10 @@
 //! never writes the spec the topology owns (`metadata.generation` moves only
 //! with the topology's writes).
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::{LIMIT, all_ready, drive, init_logs, machines, owner_remediated};
 use k3s_control_plane::api::names::{CLUSTER_NAME_LABEL, REMEDIATION_FOR_ANNOTATION};
 use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
 use k3s_control_plane::harness::bringup::BringUp;
@@ -21,6 +20,7 @@ use k3s_control_plane::harness::topology_sim::TOPOLOGY_OWNED_LABEL;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::{LIMIT, all_ready, drive, init_logs, machines, owner_remediated};
 
 const NEW_VERSION: &str = "v1.31.4+k3s1";
 const NEXT_VERSION: &str = "v1.32.1+k3s1";

@@ -6,11 +6,10 @@
 //! shard a still holding the old object acts on nothing), shard b finishes,
 //! 3 healthy voters at the end and quorum never lost (the quorum sampler).
 
-mod e2e_support;
+use crate::support;
 
 use std::sync::Arc;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{PRE_TERMINATE_HOOK_ANNOTATION, WATCH_FILTER_LABEL};
 use k3s_control_plane::api::{Cluster, KThreesControlPlane};
 use k3s_control_plane::controller::Settings;
@@ -23,6 +22,7 @@ use k3s_control_plane::remediation::steps::parse_hook_value;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::*;
 
 async fn label_for(sandbox: &Sandbox, shard: &str) {
     let patch = json!({"metadata": {"labels": {WATCH_FILTER_LABEL: shard}}});

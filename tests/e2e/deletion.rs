@@ -11,14 +11,13 @@
 //! and the control plane's status, so that orderings ("the member was gone
 //! before the Machine") are checked on what was actually seen, not inferred.
 
-mod e2e_support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use e2e_support::{LIMIT, init_logs, kcp, machines, spare_ip, wait_reconciles};
 use k3s_control_plane::api::names::{
     K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION,
 };
@@ -32,6 +31,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::{LIMIT, init_logs, kcp, machines, spare_ip, wait_reconciles};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -307,7 +307,7 @@ async fn kubectl_delete_machine(sandbox: &Sandbox, name: &str) {
 
 /// Events about the control plane with `reason`, oldest first.
 async fn events_with(sandbox: &Sandbox, reason: &str) -> Vec<Event> {
-    let mut events = e2e_support::events(sandbox, reason).await;
+    let mut events = support::events(sandbox, reason).await;
     events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
     events
 }
@@ -405,7 +405,7 @@ async fn a_person_deleting_the_etcd_leaders_machine_moves_leadership_and_removes
     let controller = sandbox.start_controller();
     wait_all_hooked(&sandbox).await;
 
-    let leader = e2e_support::snapshot(&sandbox, &admin)
+    let leader = support::snapshot(&sandbox, &admin)
         .await
         .leader
         .expect("a leader");
@@ -470,7 +470,7 @@ async fn a_person_deleting_the_etcd_leaders_machine_moves_leadership_and_removes
 
     // The replacement's member joined and is a voter (settled() checked 3
     // healthy voters, none a learner): it is a new one.
-    let now = e2e_support::snapshot(&sandbox, &admin).await;
+    let now = support::snapshot(&sandbox, &admin).await;
     let newcomers: Vec<&str> = now
         .members
         .iter()
@@ -525,7 +525,7 @@ async fn a_person_deleting_the_etcd_leaders_machine_moves_leadership_and_removes
     eprintln!("Available while short: {available:#?}; ScalingUp: {scaling:?}");
 
     // A healthy path: nothing but Normal Events.
-    let warned = e2e_support::warning_events(&sandbox).await;
+    let warned = support::warning_events(&sandbox).await;
     assert!(warned.is_empty(), "Warning Events: {warned:#?}");
     eprintln!("whole test: {:?}", started.elapsed());
     controller.stop().await;
@@ -616,7 +616,7 @@ async fn two_machines_deleted_at_once_are_removed_one_at_a_time() {
     );
     assert_quorum_kept(&samples, "two Machines deleted at once");
     // One deletion waiting for an older one is ordinary: no Warning.
-    let warned = e2e_support::warning_events(&sandbox).await;
+    let warned = support::warning_events(&sandbox).await;
     assert!(warned.is_empty(), "Warning Events: {warned:#?}");
     controller.stop().await;
 }
@@ -634,7 +634,7 @@ async fn an_unmapped_target_is_held_and_says_which_member_and_how_to_map_it() {
     let controller = sandbox.start_controller();
     wait_all_hooked(&sandbox).await;
 
-    let leader = e2e_support::snapshot(&sandbox, &admin)
+    let leader = support::snapshot(&sandbox, &admin)
         .await
         .leader
         .expect("a leader");
@@ -700,7 +700,7 @@ async fn an_unmapped_target_is_held_and_says_which_member_and_how_to_map_it() {
             "a RemovalBlocked Event naming the member",
             LIMIT,
             || async {
-                e2e_support::event_notes(&sandbox, "RemovalBlocked")
+                support::event_notes(&sandbox, "RemovalBlocked")
                     .await
                     .into_iter()
                     .find(|n| needles.iter().all(|x| n.contains(x)))
@@ -725,7 +725,7 @@ async fn an_unmapped_target_is_held_and_says_which_member_and_how_to_map_it() {
             .is_some_and(|c| c.reason == "WaitingForPreTerminateHook"),
         "CAPI is waiting on the hook"
     );
-    let snap = e2e_support::snapshot(&sandbox, &admin).await;
+    let snap = support::snapshot(&sandbox, &admin).await;
     assert!(
         snap.member_by_name(&member).is_some(),
         "the member was removed on a guess"
@@ -759,7 +759,7 @@ async fn an_unmapped_target_is_held_and_says_which_member_and_how_to_map_it() {
         })
         .await
         .unwrap();
-    let snap = e2e_support::snapshot(&sandbox, &admin).await;
+    let snap = support::snapshot(&sandbox, &admin).await;
     assert!(
         snap.member_by_name(&member).is_none(),
         "{target} went while its member {member} stayed"
@@ -788,7 +788,7 @@ async fn five_servers_with_two_dead_are_recovered_one_at_a_time() {
     .await
     .unwrap();
     let admin = sandbox.etcd.connect();
-    let leader = e2e_support::snapshot(&sandbox, &admin)
+    let leader = support::snapshot(&sandbox, &admin)
         .await
         .leader
         .expect("a leader");
@@ -862,7 +862,7 @@ async fn five_servers_with_two_dead_are_recovered_one_at_a_time() {
         targets[first]
     );
     assert_quorum_kept(&samples, "five servers, two dead");
-    let remediations = e2e_support::event_count(&sandbox, "RemediationStarted").await;
+    let remediations = support::event_count(&sandbox, "RemediationStarted").await;
     assert_eq!(remediations, 2, "two remediations");
     controller.stop().await;
 }

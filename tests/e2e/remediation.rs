@@ -3,16 +3,16 @@
 //! MHC remediation: the leader's machine, two machines at once, a removal that
 //! would lose quorum, and the retry limits over a real sequence.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::names::{
     REMEDIATION_FOR_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
 };
 use k3s_control_plane::harness::sandbox::Sandbox;
 use kube::ResourceExt;
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaders_machine_marked_by_mhc_is_replaced_after_its_member_is_removed() {

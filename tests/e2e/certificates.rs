@@ -5,11 +5,10 @@
 //! Machines out only when `rollout.before.certificatesExpiryDays` asks; a value
 //! set by hand on a Machine wins over what was seen.
 
-mod e2e_support;
+use crate::support;
 
 use std::time::Duration;
 
-use e2e_support::*;
 use k3s_control_plane::api::KThreesConfig;
 use k3s_control_plane::api::names::CERTIFICATES_EXPIRY_ANNOTATION;
 use k3s_control_plane::harness::EtcdTestCluster;
@@ -17,6 +16,7 @@ use k3s_control_plane::harness::sandbox::{NAMESPACE, Sandbox};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use support::*;
 
 const EXPIRING: &str = "CertificatesExpiring";
 
