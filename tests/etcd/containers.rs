@@ -17,7 +17,7 @@
 //! links (`FROM scratch`); no registry is needed. Skipped, with the reason
 //! printed, only where no Docker engine answers.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
