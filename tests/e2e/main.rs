@@ -13,6 +13,7 @@ mod support;
 mod backup;
 mod caches;
 mod certificates;
+mod controller_reconcile;
 mod deletion;
 mod faults;
 mod k3s;

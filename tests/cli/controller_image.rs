@@ -10,7 +10,7 @@
 //! docs/operations.md for the release image). Skipped, with the reason printed, only where no Docker
 //! engine answers.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;

@@ -7,7 +7,7 @@
 //! no registry on the project's machines): otherwise the test prints why it is
 //! skipped and passes.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
