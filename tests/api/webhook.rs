@@ -3,7 +3,7 @@
 //! round-trip; and, when `KUBECONFIG` points at a real API server, a v1beta1
 //! object applied there is read back as v1beta2 and the reverse.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -237,6 +237,9 @@ async fn api_server_converts_through_the_webhook() {
         PostParams,
     };
     use kube::runtime::wait::{await_condition, conditions};
+    // Not beside the other tests that change the real API server's CRDs
+    // (crate::REAL_API_SERVER says why).
+    let _serial = crate::REAL_API_SERVER.lock().await;
 
     if std::env::var_os("KUBECONFIG").is_none() {
         docker_support::skip(

@@ -4,7 +4,7 @@
 //! A second table does the same for `spec.version` changes on UPDATE (the
 //! transition rules, CEL `oldSelf`).
 
-mod docker_support;
+use crate::docker_support;
 
 use k3s_control_plane::api::etcd_backup::{
     BackupTarget, EtcdBackup, FilesystemBackupTarget, S3BackupTarget,
@@ -727,6 +727,9 @@ async fn api_server(test: &str) -> Option<kube::Api<KThreesControlPlane>> {
 #[tokio::test]
 async fn api_server_rejects_the_same_objects() {
     use kube::api::{DeleteParams, PostParams};
+    // Not beside the other tests that change the real API server's CRDs
+    // (crate::REAL_API_SERVER says why).
+    let _serial = crate::REAL_API_SERVER.lock().await;
     let Some(api) = api_server("api_server_rejects_the_same_objects").await else {
         return;
     };
@@ -1005,6 +1008,9 @@ fn crd_transition_rules_give_the_same_verdicts_and_messages_as_the_validator() {
 #[tokio::test]
 async fn api_server_checks_the_same_version_changes() {
     use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    // Not beside the other tests that change the real API server's CRDs
+    // (crate::REAL_API_SERVER says why).
+    let _serial = crate::REAL_API_SERVER.lock().await;
     let Some(api) = api_server("api_server_checks_the_same_version_changes").await else {
         return;
     };
@@ -1067,6 +1073,9 @@ async fn api_server_checks_the_same_version_changes() {
 #[tokio::test]
 async fn api_server_applies_defaults_scale_and_printer_columns() {
     use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    // Not beside the other tests that change the real API server's CRDs
+    // (crate::REAL_API_SERVER says why).
+    let _serial = crate::REAL_API_SERVER.lock().await;
     let Some(api) = api_server("api_server_applies_defaults_scale_and_printer_columns").await
     else {
         return;

@@ -2,7 +2,7 @@
 //! kubeconfig and etcd CA parsing with errors that name Secret and key, the
 //! per-cluster cache and its invalidation, control-plane Nodes and endpoints.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -26,7 +26,7 @@
 //! `<prefix>-<scenario>`, so CAPI's manager must watch them all). docs/api.md,
 //! "Checked with Cluster API's real Machine controller", records a run.
 
-mod docker_support;
+use crate::docker_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -246,12 +246,11 @@ fn hook(machine: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// One scenario at a time (each runs a real etcd cluster; the machines have 2 cores).
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_member_is_removed() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    // One scenario at a time, and none beside the other tests that change
+    // the real API server's CRDs (crate::REAL_API_SERVER says why).
+    let _one = crate::REAL_API_SERVER.lock().await;
     person_deletes_the_leaders_machine(
         "real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_member_is_removed",
         "leader",
@@ -266,7 +265,9 @@ async fn real_capi_holds_a_persons_deletion_of_the_leaders_machine_until_its_mem
 /// removal as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_capi_waits_on_the_hook_while_our_controller_is_down() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    // One scenario at a time, and none beside the other tests that change
+    // the real API server's CRDs (crate::REAL_API_SERVER says why).
+    let _one = crate::REAL_API_SERVER.lock().await;
     person_deletes_the_leaders_machine(
         "real_capi_waits_on_the_hook_while_our_controller_is_down",
         "down",
