@@ -402,7 +402,7 @@ impl Estimator<'_> {
             (other, _) => {
                 self.unbounded(format!(
                     "`{other}`: a function this guard does not know how the API server \
-                     estimates; teach the guard (tests/crd_cost.rs) before using it"
+                     estimates; teach the guard (tests/api/crd_cost.rs) before using it"
                 ));
                 Estimate::scalar(inputs + 1.0)
             }

@@ -95,7 +95,7 @@ async fn only_labelled_control_planes_in_the_watched_namespace_are_reconciled() 
 /// first and refuses (rule `shard.not-ours`) without an error: nothing is
 /// written. (Our finalizer patch is also conditional on the resourceVersion,
 /// so without the check this call fails with a conflict; the Machine and etcd
-/// steps are not, see tests/e2e_shards.rs.) The same call with the label ours
+/// steps are not, see tests/e2e/shards.rs.) The same call with the label ours
 /// again does act.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_under_way_when_its_control_plane_moves_to_another_shard_writes_nothing() {

@@ -246,19 +246,19 @@ const NOT_EXERCISED_HERE: &[(&str, &str, &str, &str)] = &[
         "",
         "secrets",
         "update",
-        "kubeconfig rotation (e2e_lifecycle::kubeconfig_rotation_keeps_access)",
+        "kubeconfig rotation (e2e::lifecycle::kubeconfig_rotation_keeps_access)",
     ),
     (
         "bootstrap.cluster.x-k8s.io",
         "kthreesconfigs",
         "delete",
-        "a Machine that cannot be created: its KThreesConfig is deleted again (e2e_faults)",
+        "a Machine that cannot be created: its KThreesConfig is deleted again (e2e::faults)",
     ),
     (
         "infrastructure.cluster.x-k8s.io",
         "*",
         "delete",
-        "a Machine that cannot be created: its infrastructure clone is deleted again (e2e_faults)",
+        "a Machine that cannot be created: its infrastructure clone is deleted again (e2e::faults)",
     ),
 ];
 

@@ -341,7 +341,7 @@ async fn a_label_change_rolls_nothing() {
     assert_eq!(event_count(&sandbox, "MachineCreated").await, 0);
     let kcp = kcp(&sandbox).await;
     assert_eq!(condition(&kcp, "RollingOut").map(|c| c.0), Some("False"));
-    // It reached the Machines in place (tests/e2e_sync.rs covers the rest).
+    // It reached the Machines in place (tests/e2e/sync.rs covers the rest).
     for m in machines(&sandbox).await {
         assert_eq!(
             m.labels().get("tier").map(String::as_str),

@@ -124,7 +124,7 @@ async fn http_get(ip: std::net::Ipv4Addr, port: u16, path: &str) -> String {
 /// the 3.6.13 we ran (OpenShift's build) accepts the learner and it starts.
 /// (With three members and one dead, 3.6.13 refuses too.) The remediation
 /// rule never waits on a join while a dead voter is the target (the #10125
-/// table case in remediation_decide), whichever way etcd answers.
+/// table case in decide::remediation), whichever way etcd answers.
 #[tokio::test]
 async fn a_learner_beside_a_dead_voter_is_refused_before_etcd_3_6_and_accepted_on_it() {
     use k3s_control_plane::harness::etcd::EtcdBinary;
