@@ -1,7 +1,7 @@
 //! A bring-up of 3 from nothing (issue 21), at the harness's raft timing
 //! (k3s's 500 ms heartbeat, 5000 ms election timeout): a Cluster and a
 //! KThreesControlPlane with `replicas: 3`, no Machine and no Secret
-//! (`harness::bringup::BringUp`, as `tests/e2e_lifecycle.rs` starts). The
+//! (`harness::bringup::BringUp`, as `tests/e2e/lifecycle.rs` starts). The
 //! controller generates the CAs, the join token and the kubeconfig and
 //! creates the Machines; the simulated infrastructure boots each server from
 //! those Secrets: the first starts a new 1-member TLS etcd and the workload

@@ -6,7 +6,7 @@
 #   hack/image.sh [tag]                              # release build, k3s-control-plane:dev
 #   IMAGE_BINARY=target/debug/k3s-control-plane hack/image.sh k3s-control-plane:test
 #
-# IMAGE_BINARY stages an already built binary instead (tests/controller_image.rs
+# IMAGE_BINARY stages an already built binary instead (tests/cli/controller_image.rs
 # stages a debug build of the shipped binary: a cold release build takes
 # minutes on 2 cores).
 set -euo pipefail

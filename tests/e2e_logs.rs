@@ -2,6 +2,12 @@
 //! logged at ERROR. A bring-up from nothing passes through every expected
 //! wait (no workload API while the first server boots, servers joining one at
 //! a time, learners promoted): none of them is an error.
+//!
+//! A test binary of its own, not a module of tests/e2e: it installs the
+//! process-wide tracing subscriber (`init`, which panics if one is set) and
+//! fails on any ERROR logged anywhere in the process, so it must not share a
+//! process with other tests (the e2e faults log errors on purpose, and their
+//! `init_logs` would race for the subscriber).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

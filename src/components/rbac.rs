@@ -1,5 +1,5 @@
 //! What the controller may do in the management cluster, and why: exactly the
-//! requests it makes (tests/e2e_rbac.rs runs the controller as this account
+//! requests it makes (tests/e2e/rbac.rs runs the controller as this account
 //! against an API server that enforces these rules and records every request).
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
