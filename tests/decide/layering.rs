@@ -355,3 +355,93 @@ fn the_checks_find_a_circle_and_an_upward_import() {
         "{text}"
     );
 }
+
+/// The floors whose modules decide from what was observed: pure, no I/O.
+/// The controller observes and acts; these never wait on anything.
+const PURE: &[&str] = &[
+    "quorum",
+    "space",
+    "membership",
+    "lifecycle",
+    "remediation",
+    "rollout",
+    "decision",
+];
+
+/// What a pure module must not use: async code, the runtime, or a client
+/// of the API server (`kube::Api`, `kube::Client`, in a path or a `use`
+/// list). Returns each use found.
+fn impure_uses(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for marker in ["async fn", ".await", "tokio::"] {
+        if code.contains(marker) {
+            found.push(marker.to_string());
+        }
+    }
+    let word = |text: &str, name: &str| {
+        text.match_indices(name).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + name.len()..].chars().next();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    };
+    for (start, _) in code.match_indices("kube::") {
+        let rest = &code[start + "kube::".len()..];
+        let item = match rest.strip_prefix('{') {
+            Some(list) => &list[..list.find('}').unwrap_or(list.len())],
+            None => {
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            }
+        };
+        for name in ["Api", "Client"] {
+            if word(item, name) {
+                found.push(format!("kube::{name}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_pure_floors_do_no_io() {
+    let mut wrong = Vec::new();
+    for file in files() {
+        let Some(top) = file.module.first() else {
+            continue;
+        };
+        if !PURE.contains(&top.as_str()) {
+            continue;
+        }
+        for found in impure_uses(&file.text) {
+            wrong.push(format!("{} uses {found}", file.module.join("::")));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "I/O in the pure floors (docs/architecture.md): {wrong:#?}"
+    );
+}
+
+/// The checker itself: each injected use is found, and a pure module's
+/// ordinary imports are not.
+#[test]
+fn the_purity_check_finds_injected_io() {
+    for (code, expected) in [
+        ("pub async fn observe() {}", vec!["async fn"]),
+        ("let x = read().await;", vec![".await"]),
+        ("tokio::time::sleep(d);", vec!["tokio::"]),
+        ("use kube::{Api, ResourceExt};", vec!["kube::Api"]),
+        ("fn f(c: kube::Client) {}", vec!["kube::Client"]),
+        (
+            "use kube::ResourceExt;\nuse kube::core::ObjectMeta;",
+            vec![],
+        ),
+        ("use kube::{ApiResource, ResourceExt};", vec![]),
+    ] {
+        assert_eq!(impure_uses(code), expected, "{code}");
+    }
+}
