@@ -1066,9 +1066,16 @@ impl EtcdTestCluster {
                 detail: "etcd is still running on its data dir".into(),
             });
         }
-        let stamp = std::time::SystemTime::now()
+        let mut stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        // k3s names it after the second; two moves within one second (a
+        // test's back-to-back restores: on etcd 3.6 the reset run between
+        // them can take under a second; k3s's are whole server starts
+        // apart) take the next free second instead of failing the rename.
+        while member.dir.join(format!("etcd-old-{stamp}")).exists() {
+            stamp += 1;
+        }
         let old = member.dir.join(format!("etcd-old-{stamp}"));
         std::fs::rename(member.dir.join("data"), &old).map_err(io(format!(
             "move the data dir of {} aside to {}",
