@@ -672,11 +672,9 @@ mod report_tests {
         assert_eq!(report.next.action.as_deref(), Some("wait-for-workers"));
     }
 
-    /// A restore asked for while quorum holds: the refusal is the next
-    /// thing, and the `etcd restore:` line says why with the numbers.
-    #[test]
-    fn a_restore_request_and_its_refusal_are_shown() {
-        let mut w = world(
+    /// Three Machines, their Nodes and three healthy members, cp-0 leading.
+    fn three_healthy_servers() -> World {
+        world(
             vec![
                 machine("m0", "cp-0", "10.0.0.1"),
                 machine("m1", "cp-1", "10.0.0.2"),
@@ -692,7 +690,14 @@ mod report_tests {
                 member(2, "cp-1-00000002", "10.0.0.2", 1),
                 member(3, "cp-2-00000003", "10.0.0.3", 1),
             ],
-        );
+        )
+    }
+
+    /// A restore asked for while quorum holds: the refusal is the next
+    /// thing, and the `etcd restore:` line says why with the numbers.
+    #[test]
+    fn a_restore_request_and_its_refusal_are_shown() {
+        let mut w = three_healthy_servers();
         assert!(Report::from_world(&w).restore.is_none());
         w.kcp.spec.etcd_backup = serde_json::from_value(json!({"target": {"s3": {
             "endpoint": "minio:9000", "bucket": "b", "credentialsSecret": {"name": "k"}}}}))
@@ -715,23 +720,7 @@ mod report_tests {
 
     #[test]
     fn outdated_machines_and_the_rollouts_next_step_are_shown() {
-        let mut w = world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-                machine("m2", "cp-2", "10.0.0.3"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
-                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
-            ],
-            vec![
-                member(1, "cp-0-00000001", "10.0.0.1", 1),
-                member(2, "cp-1-00000002", "10.0.0.2", 1),
-                member(3, "cp-2-00000003", "10.0.0.3", 1),
-            ],
-        );
+        let mut w = three_healthy_servers();
         let text = super::super::render::render_text(&Report::from_world(&w));
         assert!(
             text.contains("rollout: none, every machine is up to date (maxSurge 1)"),
@@ -878,23 +867,7 @@ mod report_tests {
 
     #[test]
     fn each_members_sizes_and_what_space_care_would_do_are_shown() {
-        let mut w = world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-                machine("m2", "cp-2", "10.0.0.3"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
-                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
-            ],
-            vec![
-                member(1, "cp-0-00000001", "10.0.0.1", 1),
-                member(2, "cp-1-00000002", "10.0.0.2", 1),
-                member(3, "cp-2-00000003", "10.0.0.3", 1),
-            ],
-        );
+        let mut w = three_healthy_servers();
         if let EtcdObservation::Observed(snap) = &mut w.etcd {
             for m in &mut snap.members {
                 let s = m.status.as_mut().unwrap();
