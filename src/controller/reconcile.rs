@@ -417,6 +417,15 @@ async fn act_on_plan(
     };
     let handle = etcd.clone();
     if decision.acts() {
+        // Asked again right before the step: the conditions and in-place
+        // writes above took requests of their own, and a relabel to another
+        // shard may have come meanwhile. The window left is this one read.
+        if left_this_shard(ctx, kcps, kcp, &decision.rule())
+            .await?
+            .is_some()
+        {
+            return Ok(Pass::Done(Requeue::await_change()));
+        }
         ctx.metrics.actions.inc();
     }
     let outcome = match act(ctx, &world, plan, etcd).await {
