@@ -46,9 +46,11 @@ pub async fn act(
     step: &RestoreStep,
 ) -> Result<Option<RestoreOutcome>> {
     match step {
-        RestoreStep::Accept { snapshot, forced } => {
-            accept(ctx, world, plan, snapshot, *forced).await
-        }
+        RestoreStep::Accept {
+            snapshot,
+            forced,
+            machines,
+        } => accept(ctx, world, plan, snapshot, *forced, machines).await,
         RestoreStep::RetireMachines { machines } => {
             retire(ctx, world, plan, machines).await?;
             Ok(None)
@@ -117,6 +119,7 @@ async fn accept(
     plan: &Plan,
     snapshot: &str,
     forced: bool,
+    machines: &[String],
 ) -> Result<Option<RestoreOutcome>> {
     let kcp = &world.kcp;
     let (verified, location) = match verify_snapshot(ctx, world, snapshot).await {
@@ -134,6 +137,7 @@ async fn accept(
         snapshot: snapshot.to_string(),
         accepted_at: world.now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         forced,
+        machines: machines.to_vec(),
     };
     // Conditional on the object decided on: a request changed meanwhile is
     // decided again.
@@ -248,6 +252,17 @@ async fn write_env_secret(
         .map_err(act_err(step.clone()))?
     {
         Some(mut existing) => {
+            // Never another's Secret: only the one this control plane made.
+            if !existing
+                .owner_references()
+                .iter()
+                .any(|o| o.uid == owner.uid)
+            {
+                return Err(precondition(format!(
+                    "Secret {namespace}/{name} exists and is not this control plane's (no owner reference to KThreesControlPlane {namespace}/{}): the restore's S3 keys are not written over it; rename or delete it",
+                    kcp.name_any()
+                )));
+            }
             if existing.data.as_ref() != Some(&data) {
                 existing.data = Some(data);
                 existing.string_data = None;

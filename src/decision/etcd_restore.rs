@@ -63,6 +63,12 @@ pub struct Attempt {
     pub accepted_at: String,
     #[serde(default)]
     pub forced: bool,
+    /// The control plane's Machines when it was accepted: the only ones the
+    /// attempt retires. A Machine not among them (nor restoring this attempt)
+    /// means the annotation is not the acceptance of what is there now (a
+    /// copied or re-applied annotation): nothing is deleted on it.
+    #[serde(default)]
+    pub machines: Vec<String>,
 }
 
 impl Attempt {
@@ -95,8 +101,13 @@ pub struct Request {
 /// One step of a restore.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RestoreStep {
-    /// Verify `snapshot` in the target, then record the acceptance.
-    Accept { snapshot: String, forced: bool },
+    /// Verify `snapshot` in the target, then record the acceptance with the
+    /// Machines there now.
+    Accept {
+        snapshot: String,
+        forced: bool,
+        machines: Vec<String>,
+    },
     /// Release our hook on these old Machines, mark them to skip drain and
     /// volume detach, and delete them.
     RetireMachines { machines: Vec<String> },
@@ -141,6 +152,7 @@ pub enum RestoreRefusal {
     NotEmbedded,
     QuorumHolds,
     EtcdUnknown,
+    StaleAcceptance,
 }
 
 impl RestoreWait {
@@ -162,6 +174,7 @@ impl RestoreRefusal {
             RestoreRefusal::NotEmbedded => "not-embedded",
             RestoreRefusal::QuorumHolds => "quorum-holds",
             RestoreRefusal::EtcdUnknown => "etcd-unknown",
+            RestoreRefusal::StaleAcceptance => "stale-acceptance",
         }
     }
 }
@@ -416,6 +429,7 @@ fn acceptance(world: &World, request: &Request) -> Option<RestoreDecision> {
         step: RestoreStep::Accept {
             snapshot: request.snapshot.clone(),
             forced: request.force,
+            machines: world.machines.iter().map(name).collect(),
         },
         message: format!(
             "restoring from snapshot {} as a person asked: {why}; verifying it in the target before anything is deleted",
@@ -430,6 +444,23 @@ fn under_way(world: &World, attempt: &Attempt) -> Option<RestoreDecision> {
         .machines
         .iter()
         .partition(|m| restores(m).as_ref() == Some(attempt));
+    let stray: Vec<String> = old
+        .iter()
+        .map(|m| name(m))
+        .filter(|n| !attempt.machines.contains(n))
+        .collect();
+    if !stray.is_empty() {
+        return refused(
+            RestoreRefusal::StaleAcceptance,
+            format!(
+                "annotation {ETCD_RESTORE_ACCEPTED_ANNOTATION} on {} was written when the Machines were [{}], but {} {} not among them nor restoring this attempt: it is not the acceptance of what is there now (copied or re-applied?); nothing is deleted on it; remove it and {ETCD_RESTORE_ANNOTATION} to start over",
+                kcp_label(world),
+                attempt.machines.join(", "),
+                stray.join(", "),
+                if stray.len() == 1 { "is" } else { "are" }
+            ),
+        );
+    }
     // A second restore Machine (a create retried on a stale read) goes too:
     // the oldest one restores.
     let mut live: Vec<&Machine> = ours.iter().copied().filter(|m| !m.is_deleting()).collect();
@@ -825,11 +856,13 @@ mod tests {
         m
     }
 
+    /// Accepted while m1, m2, m3 and r0 were there.
     fn attempt() -> Attempt {
         Attempt {
             snapshot: SNAP.into(),
             accepted_at: "2026-12-06T11:58:00Z".into(),
             forced: false,
+            machines: ["m1", "m2", "m3", "r0"].map(String::from).to_vec(),
         }
     }
 
@@ -1107,6 +1140,23 @@ mod tests {
                 )),
             ),
             (
+                "a_reapplied_acceptance_deletes_nothing",
+                // Machines made after the acceptance was written (a copy of
+                // the annotation applied again later): not this attempt's.
+                World {
+                    machines: vec![
+                        machine("m1", &[HOOK], false, Some("cp-1")),
+                        machine("n7", &[HOOK], false, Some("cp-7")),
+                    ],
+                    etcd: three(3),
+                    ..accepted_world()
+                },
+                Some((
+                    "restore.refused.stale-acceptance",
+                    "but n7 is not among them nor restoring this attempt",
+                )),
+            ),
+            (
                 "a_second_restore_machine_goes",
                 World {
                     machines: vec![restore_machine("r1", false, None), {
@@ -1193,17 +1243,24 @@ mod tests {
     fn each_step_carries_what_the_controller_needs() {
         let w = World {
             etcd: three(1),
+            machines: vec![
+                machine("m1", &[HOOK], false, Some("cp-1")),
+                machine("m2", &[HOOK], true, Some("cp-2")),
+            ],
             ..world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
         };
+        let Some(RestoreDecision::Step { step, .. }) = decide(&w) else {
+            panic!("an acceptance")
+        };
+        // The acceptance records every Machine there, deleting ones too:
+        // the only ones the attempt may retire.
         assert_eq!(
-            decide(&w),
-            Some(RestoreDecision::Step {
-                step: RestoreStep::Accept {
-                    snapshot: SNAP.into(),
-                    forced: false
-                },
-                message: decide(&w).unwrap().message().to_string(),
-            })
+            step,
+            RestoreStep::Accept {
+                snapshot: SNAP.into(),
+                forced: false,
+                machines: vec!["m1".into(), "m2".into()],
+            }
         );
         let w = World {
             machines: vec![restore_machine("r1", false, Some("r1"))],
@@ -1308,6 +1365,7 @@ mod tests {
                 Some(step(RestoreStep::Accept {
                     snapshot: SNAP.into(),
                     forced: false,
+                    machines: vec![],
                 })),
                 None,
                 None,
@@ -1318,6 +1376,7 @@ mod tests {
                 Some(step(RestoreStep::Accept {
                     snapshot: SNAP.into(),
                     forced: false,
+                    machines: vec![],
                 })),
                 None,
                 Some("not found"),

@@ -229,9 +229,58 @@ async fn three_servers_two_lost_are_restored_from_a_snapshot_after_a_person_asks
     let deadline = asked + LIMIT * 3;
     let mut restore_machine = None;
     let mut most_machines = 0;
+    // A Secret of the keys Secret's name that is not the control plane's is
+    // never written over: the restore Machine waits until it is gone.
+    let secrets: Api<Secret> = Api::namespaced(sandbox.client(), NAMESPACE);
+    let keys_name = format!("{CLUSTER}-etcd-restore-s3");
+    let foreign: Secret = serde_json::from_value(json!({
+        "metadata": {"name": keys_name, "namespace": NAMESPACE},
+        "stringData": {"s3.env": "someone else's"},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let mut foreign_present = true;
+    // The Secrets the restored data decrypts with stay as they were.
+    let token_before: Secret = secrets.get(&format!("{CLUSTER}-token")).await.unwrap();
     loop {
         reconcile_infrastructure(&mut sandbox, LIMIT).await.unwrap();
         let all = machines(&sandbox).await;
+        if foreign_present
+            && event_notes(&sandbox, "StepFailed").await.iter().any(|n| {
+                n.contains(&format!(
+                    "Secret {NAMESPACE}/{keys_name} exists and is not this control plane's"
+                ))
+            })
+        {
+            assert!(
+                all.iter()
+                    .all(|m| !m.annotations().contains_key(ETCD_RESTORE_OF_ANNOTATION)),
+                "a restore Machine was made without its keys"
+            );
+            let kept: Secret = secrets.get(&keys_name).await.unwrap();
+            assert_eq!(
+                kept.data.unwrap()["s3.env"].0,
+                b"someone else's".to_vec(),
+                "the foreign Secret was written over"
+            );
+            secrets
+                .delete(&keys_name, &Default::default())
+                .await
+                .unwrap();
+            foreign_present = false;
+        }
+        // One new server at a time: the restore Machine, then each join.
+        let provisioning = all
+            .iter()
+            .filter(|m| !m.is_deleting() && m.node_name().is_none())
+            .count();
+        assert!(
+            provisioning <= 1,
+            "{provisioning} Machines provisioning at once"
+        );
         // Never an old Machine beside the restoring one.
         if let Some(r) = all
             .iter()
@@ -270,6 +319,16 @@ async fn three_servers_two_lost_are_restored_from_a_snapshot_after_a_person_asks
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        !foreign_present,
+        "the foreign keys Secret was never refused"
+    );
+    let token_after: Secret = secrets.get(&format!("{CLUSTER}-token")).await.unwrap();
+    assert_eq!(
+        (token_after.uid(), token_after.resource_version()),
+        (token_before.uid(), token_before.resource_version()),
+        "the token Secret changed"
+    );
     let took = asked.elapsed();
     eprintln!("restored and grown back to 3 in {:.1}s", took.as_secs_f64());
     assert!(most_machines <= 3, "{most_machines} Machines at once");
