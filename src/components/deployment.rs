@@ -20,8 +20,8 @@ use super::{APP_LABEL, NAME, Options, meta, variables};
 pub const REPLICAS: i32 = 2;
 
 /// Memory request: the process measured 19.7 MiB idle and 70 MiB holding
-/// 100 control planes with managed etcd (benches/scale.rs, docs/bench.md);
-/// 128 MiB covers that with headroom.
+/// 100 control planes with managed etcd (benches/scale.rs,
+/// docs/bench-history.md); 128 MiB covers that with headroom.
 pub const MEMORY_REQUEST: &str = "128Mi";
 /// Memory limit: 467.5 MiB measured with 1,000 control planes with managed
 /// etcd (3,000 pooled TLS connections); 1 GiB leaves twice that.

@@ -8,8 +8,9 @@ use std::time::Duration;
 /// about a heartbeat, so soon; a new member waiting to be promoted from
 /// learner (k3s's leader promotes on its 15 s tick) every second, so a
 /// scale-up or rollout goes on within a second of it rather than up to a
-/// whole wait later (measured: about 5.4 s of a bring-up of 3, docs/bench.md
-/// fifth round); any other wait at the configured pace, never slower.
+/// whole wait later (measured: about 5.4 s of a bring-up of 3,
+/// docs/bench-history.md fifth round); any other wait at the configured pace,
+/// never slower.
 pub fn wait_pace(configured: Duration, rule: &str) -> Duration {
     let moving = crate::remediation::steps::WaitReason::LeadershipMoving.as_str();
     let settling = crate::remediation::steps::WaitReason::EtcdSettling.as_str();
