@@ -264,7 +264,8 @@ fn certificates_condition(
 /// `EtcdBackupReady` from `spec.etcdBackup` and `status.etcdBackup` (gone
 /// with the target).
 fn set_backup_condition(world: &World, status: &mut KThreesControlPlaneStatus) {
-    use super::etcd_backup::{ETCD_BACKUP_READY, condition, to_condition};
+    use super::etcd_backup::{condition, to_condition};
+    use crate::api::condition_names::ETCD_BACKUP_READY;
     match condition(
         world.kcp.spec.etcd_backup.as_ref(),
         status.etcd_backup.as_ref(),
@@ -283,7 +284,8 @@ fn set_restore_condition(
     decision: Option<&super::etcd_restore::RestoreDecision>,
     unusable: Option<&str>,
 ) {
-    use super::etcd_restore::{ETCD_RESTORING, condition, to_condition};
+    use super::etcd_restore::{condition, to_condition};
+    use crate::api::condition_names::ETCD_RESTORING;
     match condition(decision, status.etcd_backup.as_ref(), unusable) {
         Some(value) => set_condition(status, to_condition(value, world.kcp.metadata.generation)),
         None => {
