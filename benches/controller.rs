@@ -26,13 +26,13 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use futures::{StreamExt, TryStreamExt};
+use k3s_control_plane::api::condition_names::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
     NODE_ROLE_CONTROL_PLANE_LABEL,
 };
 use k3s_control_plane::api::{KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
-use k3s_control_plane::decision::status::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::harness::sandbox::{
     KCP, Sandbox, VERSION, cluster_object, kcp_object, management_server, mark_initialized,
 };

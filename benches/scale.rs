@@ -61,6 +61,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use k3s_control_plane::api::condition_names::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::api::names::{
     CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL,
     K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION, KCP_FINALIZER,
@@ -68,7 +69,6 @@ use k3s_control_plane::api::names::{
 };
 use k3s_control_plane::api::{Cluster, KThreesConfig, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
-use k3s_control_plane::decision::status::ETCD_CLUSTER_HEALTHY;
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::capi_sim::MachineDeletionSim;
 use k3s_control_plane::harness::sandbox::{

@@ -5,6 +5,7 @@
 pub mod bootstrap;
 pub mod cel;
 pub mod cluster;
+pub mod condition_names;
 pub mod conditions;
 pub mod contract;
 pub mod conversion;

@@ -151,6 +151,8 @@ pub const TLS_CERT_KEY: &str = "tls.crt";
 pub const TLS_KEY_KEY: &str = "tls.key";
 
 // --- Condition types (v1beta2 metav1 conditions; v1beta1 uses the same type names) ---
+// Those of other controllers we read or take part in; ours, and the reasons we
+// give, are in `condition_names`.
 
 /// Set by MachineHealthCheck on every Machine it checks.
 pub const HEALTH_CHECK_SUCCEEDED_CONDITION: &str = "HealthCheckSucceeded";
@@ -162,16 +164,8 @@ pub const EXTERNALLY_REMEDIATED_CONDITION: &str = "ExternallyRemediated";
 pub const DELETING_CONDITION: &str = "Deleting";
 /// v1beta1 Machine condition: False while waiting on pre-terminate hooks.
 pub const PRE_TERMINATE_DELETE_HOOK_SUCCEEDED_CONDITION: &str = "PreTerminateDeleteHookSucceeded";
-/// Our KThreesControlPlane condition while remediating.
-pub const REMEDIATING_CONDITION: &str = "Remediating";
 /// Ready condition (every object).
 pub const READY_CONDITION: &str = "Ready";
-/// Available condition (v1beta2 contract).
-pub const AVAILABLE_CONDITION: &str = "Available";
-/// Our KThreesControlPlane condition reporting the embedded etcd.
-pub const ETCD_CLUSTER_HEALTHY_CONDITION: &str = "EtcdClusterHealthy";
-/// Machine condition reporting its etcd member.
-pub const ETCD_MEMBER_HEALTHY_CONDITION: &str = "EtcdMemberHealthy";
 
 // --- Reasons ----------------------------------------------------------------------
 
@@ -191,16 +185,6 @@ pub const HAS_REMEDIATE_ANNOTATION_REASON: &str = "HasRemediateAnnotation";
 pub const HAS_REMEDIATE_MACHINE_ANNOTATION_V1BETA1_REASON: &str = "HasRemediateMachineAnnotation";
 /// OwnerRemediated=False as MachineHealthCheck first sets it.
 pub const WAITING_FOR_REMEDIATION_REASON: &str = "WaitingForRemediation";
-/// OwnerRemediated=False while we remediate.
-pub const REMEDIATION_IN_PROGRESS_REASON: &str = "RemediationInProgress";
-/// OwnerRemediated=False once the Machine is being deleted by us.
-pub const MACHINE_DELETING_REASON: &str = "MachineDeleting";
-/// OwnerRemediated=False: remediation refused for good.
-pub const CANNOT_BE_REMEDIATED_REASON: &str = "CannotBeRemediated";
-/// OwnerRemediated=False: remediation postponed.
-pub const REMEDIATION_DEFERRED_REASON: &str = "RemediationDeferred";
-/// Unexpected failure.
-pub const INTERNAL_ERROR_REASON: &str = "InternalError";
 /// v1beta1 OwnerRemediated=False: remediation failed.
 pub const REMEDIATION_FAILED_V1BETA1_REASON: &str = "RemediationFailed";
 /// v1beta2 Deleting=True reason: CAPI drained and waits on pre-terminate hooks.

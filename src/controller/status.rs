@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::api::conditions;
 use crate::api::kcp::KThreesControlPlaneStatus;
 use crate::api::{KThreesControlPlane, Machine};
-use crate::decision::status::MachineConditions;
+use crate::decision::conditions::machine::MachineConditions;
 
 use super::context::KcpWrites;
 use super::error::{Error, Result};

@@ -24,13 +24,10 @@ use crate::api::etcd_backup::{
 use crate::api::names::ETCD_SNAPSHOT_WAIVED_ANNOTATION;
 use crate::etcd::{MemberSnapshot, MembershipSnapshot};
 
-/// `EtcdBackupReady`: whether the snapshots `spec.etcdBackup` asks for are
-/// being taken (absent without a target).
-pub const ETCD_BACKUP_READY: &str = "EtcdBackupReady";
-pub const REASON_READY: &str = "Ready";
-pub const REASON_SNAPSHOT_FAILED: &str = "SnapshotFailed";
-pub const REASON_SCHEDULE_LATE: &str = "ScheduleLate";
-pub const REASON_INVALID_SCHEDULE: &str = "InvalidSchedule";
+use crate::api::condition_names::ETCD_BACKUP_READY;
+use crate::api::condition_names::etcd_backup_ready::{
+    REASON_INVALID_SCHEDULE, REASON_READY, REASON_SCHEDULE_LATE, REASON_SNAPSHOT_FAILED,
+};
 
 /// Rules the plan reports.
 pub const RULE_BEFORE_REMOVAL: &str = "backup.before-removal";

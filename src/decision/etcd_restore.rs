@@ -37,15 +37,11 @@ use crate::etcd::MembershipSnapshot;
 
 use super::world::{EtcdObservation, World};
 
-/// The KThreesControlPlane condition of a restore: True while one is under
-/// way, False once done or refused; absent while none was ever asked for.
-pub const ETCD_RESTORING: &str = "EtcdRestoring";
-pub const REASON_VERIFYING_SNAPSHOT: &str = "VerifyingSnapshot";
-pub const REASON_RETIRING_MACHINES: &str = "RetiringMachines";
-pub const REASON_RESTORING_SNAPSHOT: &str = "RestoringSnapshot";
-pub const REASON_RESTORE_REFUSED: &str = "RestoreRefused";
-pub const REASON_SNAPSHOT_UNUSABLE: &str = "SnapshotUnusable";
-pub const REASON_RESTORED: &str = "Restored";
+use crate::api::condition_names::ETCD_RESTORING;
+use crate::api::condition_names::etcd_restoring::{
+    REASON_RESTORE_REFUSED, REASON_RESTORED, REASON_RESTORING_SNAPSHOT, REASON_RETIRING_MACHINES,
+    REASON_SNAPSHOT_UNUSABLE, REASON_VERIFYING_SNAPSHOT,
+};
 
 /// Where k3s's API server keeps a Node in its etcd (Kubernetes' default
 /// `/registry` prefix, resource `minions`): the restored data holds the

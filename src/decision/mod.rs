@@ -4,13 +4,14 @@
 //! Pure: the controller observes the world and acts on the record; status,
 //! Events, `inspect` and the demo read the same record.
 
-pub mod contract_conditions;
+pub mod conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
 pub mod events;
 pub mod pace;
 pub mod plan;
 pub mod record;
+pub mod replicas;
 pub mod shard;
 pub mod space;
 pub mod status;

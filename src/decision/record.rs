@@ -9,21 +9,22 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::events::EventType;
 
 use crate::api::RemediationData;
-use crate::api::conditions;
 use crate::api::kcp::KThreesControlPlaneStatus;
 use crate::lifecycle::{CaPurpose, Lifecycle, decide as decide_lifecycle_view, plan_secrets};
 use crate::membership::MembershipMap;
 use crate::rollout::certificates::{Expiry, annotation_to_write, expiries};
 use crate::rollout::{Desired, OutdatedMachines, outdated_machines};
 
-use super::contract_conditions::{Replicas, replicas, v1beta1_mirror};
+use super::conditions::backup::{set_backup_condition, set_condition, set_restore_condition};
+use super::conditions::certificates::{certificates_expiring, expiring_cas};
+use super::conditions::machine::{MachineConditions, machine_conditions};
 use super::events::wait_event;
 use super::plan::{Action, Plan, Refusal, plan_on};
-use super::status::{MachineConditions, kcp_status, machine_conditions};
+use super::replicas::{Replicas, replicas};
+use super::status::kcp_status;
 use super::view::{lifecycle_view, mapping, observed_expiries};
 use super::world::World;
 
@@ -103,7 +104,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         etcd_space.as_ref(),
     );
     if !matches!(lifecycle, Lifecycle::Paused { .. }) {
-        let condition = certificates_condition(
+        let condition = certificates_expiring(
             &certificates,
             desired.certificates_expiry_days,
             &expiring_cas(
@@ -112,9 +113,11 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
                 world.now,
             ),
             world.now,
-            world.kcp.metadata.generation,
         );
-        set_condition(&mut status, condition);
+        set_condition(
+            &mut status,
+            condition.to_condition(world.kcp.metadata.generation),
+        );
     }
     if !matches!(lifecycle, Lifecycle::Paused { .. }) {
         set_backup_condition(world, &mut status);
@@ -161,147 +164,6 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
         machine_conditions,
         etcd_space,
     }
-}
-
-/// The KThreesControlPlane condition that says whether any Machine's
-/// certificates expire within the window: `rollout.before.certificatesExpiryDays`,
-/// else [`CERTIFICATES_WARNING_DAYS`].
-pub const CERTIFICATES_EXPIRING: &str = "CertificatesExpiring";
-
-/// The warning window when `rollout.before.certificatesExpiryDays` is unset.
-pub const CERTIFICATES_WARNING_DAYS: i32 = 30;
-
-/// A cluster CA is reported this long before it expires: no rollout renews
-/// a CA; a person rotates it (`k3s certificate rotate-ca`), which takes
-/// planning.
-pub const CA_WARNING_DAYS: i64 = 365;
-
-/// The cluster CAs that expire within [`CA_WARNING_DAYS`], as
-/// "Secret at time (in N days)".
-fn expiring_cas(
-    cluster: Option<&str>,
-    cas: &BTreeMap<CaPurpose, chrono::DateTime<chrono::Utc>>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Vec<String> {
-    let limit = now + chrono::Duration::days(CA_WARNING_DAYS);
-    cas.iter()
-        .filter(|(_, at)| **at <= limit)
-        .map(|(purpose, at)| {
-            format!(
-                "cluster CA {} at {} (in {} days)",
-                purpose.secret_name(cluster.unwrap_or_default()),
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                (*at - now).num_days()
-            )
-        })
-        .collect()
-}
-
-fn certificates_condition(
-    certificates: &BTreeMap<String, Expiry>,
-    rollout_before_days: Option<i32>,
-    cas: &[String],
-    now: chrono::DateTime<chrono::Utc>,
-    generation: Option<i64>,
-) -> Condition {
-    let days = rollout_before_days.unwrap_or(CERTIFICATES_WARNING_DAYS);
-    let limit = now + chrono::Duration::days(i64::from(days));
-    let expiring: Vec<String> = certificates
-        .iter()
-        .filter(|(_, e)| e.at <= limit)
-        .map(|(machine, e)| {
-            format!(
-                "{machine} at {}",
-                e.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            )
-        })
-        .collect();
-    let ca_note = (!cas.is_empty()).then(|| {
-        format!(
-            "{} within {CA_WARNING_DAYS} days: no rollout renews a CA; rotate it before then (k3s certificate rotate-ca, then the new CA into the Secret)",
-            cas.join(", ")
-        )
-    });
-    let (status, reason, message) = if expiring.is_empty() {
-        match ca_note {
-            Some(note) => ("True", "CAExpiringSoon", note),
-            None => (
-                "False",
-                "NotExpiring",
-                format!(
-                    "no known certificate expires within {days} days ({} of them known)",
-                    certificates.len()
-                ),
-            ),
-        }
-    } else {
-        let then = if rollout_before_days.is_some() {
-            "they are rolled out (rollout.before.certificatesExpiryDays)"
-        } else {
-            "set spec.rollout.before.certificatesExpiryDays to roll them out in time"
-        };
-        (
-            "True",
-            "ExpiringSoon",
-            format!(
-                "certificates expire within {days} days: {}; {then}{}",
-                expiring.join(", "),
-                ca_note.map(|n| format!("; {n}")).unwrap_or_default()
-            ),
-        )
-    };
-    Condition {
-        type_: CERTIFICATES_EXPIRING.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: generation,
-        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-    }
-}
-
-/// Set `condition` on `status` and on its v1beta1 mirror.
-/// `EtcdBackupReady` from `spec.etcdBackup` and `status.etcdBackup` (gone
-/// with the target).
-fn set_backup_condition(world: &World, status: &mut KThreesControlPlaneStatus) {
-    use super::etcd_backup::{ETCD_BACKUP_READY, condition, to_condition};
-    match condition(
-        world.kcp.spec.etcd_backup.as_ref(),
-        status.etcd_backup.as_ref(),
-        world.now,
-    ) {
-        Some(value) => set_condition(status, to_condition(value, world.kcp.metadata.generation)),
-        None => {
-            crate::api::conditions::remove(&mut status.conditions, ETCD_BACKUP_READY);
-        }
-    }
-}
-
-fn set_restore_condition(
-    world: &World,
-    status: &mut KThreesControlPlaneStatus,
-    decision: Option<&super::etcd_restore::RestoreDecision>,
-    unusable: Option<&str>,
-) {
-    use super::etcd_restore::{ETCD_RESTORING, condition, to_condition};
-    match condition(decision, status.etcd_backup.as_ref(), unusable) {
-        Some(value) => set_condition(status, to_condition(value, world.kcp.metadata.generation)),
-        None => {
-            crate::api::conditions::remove(&mut status.conditions, ETCD_RESTORING);
-        }
-    }
-}
-
-fn set_condition(status: &mut KThreesControlPlaneStatus, condition: Condition) {
-    for mirrored in v1beta1_mirror(std::slice::from_ref(&condition)) {
-        let deprecated = status
-            .deprecated
-            .get_or_insert_with(Default::default)
-            .v1beta1
-            .get_or_insert_with(Default::default);
-        conditions::set_v1beta1(&mut deprecated.conditions, mirrored);
-    }
-    conditions::set(&mut status.conditions, condition);
 }
 
 impl Decision {
@@ -420,6 +282,7 @@ mod tests {
 
     use super::*;
     use crate::api::KThreesControlPlane;
+    use crate::api::condition_names::CERTIFICATES_EXPIRING;
     use crate::decision::world::{EtcdObservation, WorkloadState};
 
     fn world(spec: serde_json::Value, cluster: Option<&str>) -> World {
@@ -493,7 +356,7 @@ mod tests {
             .status
             .conditions
             .iter()
-            .find(|c| c.type_ == super::super::status::SPEC_VALID)
+            .find(|c| c.type_ == crate::api::condition_names::SPEC_VALID)
             .expect("SpecValid condition");
         assert_eq!(spec_valid.status, "False");
     }

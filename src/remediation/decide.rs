@@ -17,18 +17,13 @@ use super::pick::pick_machine_to_remediate;
 use super::retry::{RetryVerdict, check_retry_limits};
 use crate::quorum::{self, Assessment};
 
-/// `OwnerRemediated` reasons (CAPI v1beta2 names).
-pub const REASON_CANNOT_BE_REMEDIATED: &str = "CannotBeRemediated";
-pub const REASON_REMEDIATION_DEFERRED: &str = "RemediationDeferred";
-pub const REASON_INTERNAL_ERROR: &str = "InternalError";
-/// Set once the Machine has been deleted for remediation (v1beta2, CAPI >= 1.11).
-pub const REASON_MACHINE_DELETING: &str = "MachineDeleting";
-/// The v1beta1 reason for the same state.
-pub const REASON_REMEDIATION_IN_PROGRESS: &str = "RemediationInProgress";
-/// The KThreesControlPlane condition summarising remediation, and its reasons.
-pub const CONDITION_REMEDIATING: &str = "Remediating";
-pub const REASON_REMEDIATING: &str = "Remediating";
-pub const REASON_NOT_REMEDIATING: &str = "NotRemediating";
+// `OwnerRemediated` reasons are API (`condition_names`); re-exported where
+// the rules' tests (tests/decide) and `decision::events` name them.
+pub use crate::api::condition_names::owner_remediated::{
+    REASON_CANNOT_BE_REMEDIATED, REASON_INTERNAL_ERROR, REASON_MACHINE_DELETING,
+    REASON_REMEDIATION_DEFERRED,
+};
+use crate::api::condition_names::{OWNER_REMEDIATED, REMEDIATING, remediating};
 
 /// The rule that decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,7 +192,7 @@ impl Decision {
         Some((
             self.machine()?,
             ConditionValue {
-                type_: "OwnerRemediated",
+                type_: OWNER_REMEDIATED,
                 status: false,
                 reason,
                 message,
@@ -209,15 +204,15 @@ impl Decision {
     pub fn kcp_remediating(&self) -> ConditionValue {
         match self.machine() {
             None => ConditionValue {
-                type_: CONDITION_REMEDIATING,
+                type_: REMEDIATING,
                 status: false,
-                reason: REASON_NOT_REMEDIATING,
+                reason: remediating::REASON_NOT_REMEDIATING,
                 message: String::new(),
             },
             Some(machine) => ConditionValue {
-                type_: CONDITION_REMEDIATING,
+                type_: REMEDIATING,
                 status: true,
-                reason: REASON_REMEDIATING,
+                reason: remediating::REASON_REMEDIATING,
                 message: format!("Machine {machine}: {}", self.message),
             },
         }

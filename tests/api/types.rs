@@ -2,6 +2,7 @@
 //! and compare as JSON values, so nothing another controller wrote is lost when
 //! we send an object back. Plus the accessors the controller relies on.
 
+use k3s_control_plane::api::condition_names::{REMEDIATING, owner_remediated};
 use k3s_control_plane::api::conditions::ConditionSource;
 use k3s_control_plane::api::names::*;
 use k3s_control_plane::api::{
@@ -120,7 +121,7 @@ fn setting_a_condition_keeps_the_unknown_fields() {
         k3s_control_plane::api::conditions::new_condition(
             OWNER_REMEDIATED_CONDITION,
             "False",
-            REMEDIATION_IN_PROGRESS_REASON,
+            owner_remediated::REASON_REMEDIATION_IN_PROGRESS,
             "removing etcd member",
             Some(2),
             now,
@@ -227,7 +228,7 @@ fn full_kcp_round_trips_keeping_unmodelled_fields() {
     );
     assert!(k3s_control_plane::api::conditions::is_true(
         kcp.conditions(),
-        REMEDIATING_CONDITION
+        REMEDIATING
     ));
 }
 

@@ -8,12 +8,13 @@ use crate::support;
 
 use std::time::{Duration, SystemTime};
 
+use k3s_control_plane::api::condition_names::ETCD_BACKUP_READY;
+use k3s_control_plane::api::condition_names::etcd_backup_ready::{
+    REASON_READY, REASON_SNAPSHOT_FAILED,
+};
 use k3s_control_plane::api::etcd_backup::SnapshotPurpose;
 use k3s_control_plane::api::names::ETCD_SNAPSHOT_WAIVED_ANNOTATION;
 use k3s_control_plane::backup::{SnapshotName, SnapshotReason, Target, TargetConfig};
-use k3s_control_plane::decision::etcd_backup::{
-    ETCD_BACKUP_READY, REASON_READY, REASON_SNAPSHOT_FAILED,
-};
 use k3s_control_plane::harness::s3::MotoServer;
 use k3s_control_plane::harness::sandbox::{CLUSTER, NAMESPACE, Sandbox};
 use k8s_openapi::api::core::v1::Secret;

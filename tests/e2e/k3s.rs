@@ -67,11 +67,11 @@ async fn a_follower(sandbox: &Sandbox) -> usize {
 fn etcd_member_condition(
     machine: &k3s_control_plane::api::Machine,
 ) -> Option<(String, String, String)> {
-    use k3s_control_plane::api::names::ETCD_MEMBER_HEALTHY_CONDITION;
+    use k3s_control_plane::api::condition_names::ETCD_MEMBER_HEALTHY;
     machine.status.as_ref().and_then(|s| {
         s.conditions
             .iter()
-            .find(|c| c.type_ == ETCD_MEMBER_HEALTHY_CONDITION)
+            .find(|c| c.type_ == ETCD_MEMBER_HEALTHY)
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     })
 }

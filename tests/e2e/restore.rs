@@ -11,6 +11,10 @@ use crate::support;
 
 use std::time::{Duration, SystemTime};
 
+use k3s_control_plane::api::condition_names::ETCD_RESTORING;
+use k3s_control_plane::api::condition_names::etcd_restoring::{
+    REASON_RESTORE_REFUSED, REASON_RESTORED, REASON_SNAPSHOT_UNUSABLE,
+};
 use k3s_control_plane::api::names::{
     ETCD_RESTORE_ACCEPTED_ANNOTATION, ETCD_RESTORE_ANNOTATION, ETCD_RESTORE_FORCE_ANNOTATION,
     ETCD_RESTORE_OF_ANNOTATION, PRE_TERMINATE_HOOK_ANNOTATION,
@@ -18,9 +22,6 @@ use k3s_control_plane::api::names::{
 use k3s_control_plane::api::{KThreesConfig, Machine};
 use k3s_control_plane::backup::restore_boot::SERVER_TO_CLUSTER_INIT;
 use k3s_control_plane::backup::{SnapshotName, SnapshotReason, Target};
-use k3s_control_plane::decision::etcd_restore::{
-    ETCD_RESTORING, REASON_RESTORE_REFUSED, REASON_RESTORED, REASON_SNAPSHOT_UNUSABLE,
-};
 use k3s_control_plane::harness::infra_sim::reconcile_infrastructure;
 use k3s_control_plane::harness::s3::MotoServer;
 use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox};

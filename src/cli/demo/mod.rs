@@ -25,10 +25,10 @@ use tokio::time::Instant;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::api::KThreesControlPlane;
+use crate::api::condition_names::{AVAILABLE, INITIALIZED, SCALING_UP};
 use crate::controller::etcd_pool::EtcdPool;
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Context, Settings};
-use crate::decision::contract_conditions::{AVAILABLE, INITIALIZED, SCALING_UP};
 use crate::harness::bringup::BringUp;
 use crate::harness::etcd::EtcdBinary;
 use crate::harness::infra_sim::{self, Provisioned};

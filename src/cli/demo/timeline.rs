@@ -17,12 +17,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::api::condition_names::{AVAILABLE, INITIALIZED};
 use crate::api::names::{
     DELETING_CONDITION, HEALTH_CHECK_SUCCEEDED_CONDITION, OWNER_REMEDIATED_CONDITION,
     PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_FOR_ANNOTATION,
 };
 use crate::api::{KThreesControlPlane, Machine};
-use crate::decision::contract_conditions::{AVAILABLE, INITIALIZED};
 
 use super::DemoError;
 
