@@ -10,8 +10,18 @@ use crate::api::condition_names::{
 use crate::api::conditions::V1Beta1Condition;
 
 /// The v1beta1 names of the conditions older readers (CAPI v1.10,
-/// cluster-api-k3s tooling) look for, mirrored from the v1beta2 ones.
+/// cluster-api-k3s tooling) look for, mirrored from the v1beta2 ones, and
+/// `Resized` from the whole set.
 pub fn v1beta1_mirror(conditions: &[Condition]) -> Vec<V1Beta1Condition> {
+    let mut out = v1beta1_renamed(conditions);
+    out.push(resized(conditions));
+    out
+}
+
+/// Only the renamed ones: what setting some of the conditions may mirror.
+/// `Resized` is a verdict on the whole set (no `ScalingUp` or
+/// `ScalingDown` True), so a caller holding one condition must not write it.
+pub fn v1beta1_renamed(conditions: &[Condition]) -> Vec<V1Beta1Condition> {
     const MIRROR: &[(&str, &str)] = &[
         (AVAILABLE, "Ready"),
         (AVAILABLE, "Available"),
@@ -20,7 +30,7 @@ pub fn v1beta1_mirror(conditions: &[Condition]) -> Vec<V1Beta1Condition> {
         (MACHINES_UP_TO_DATE, "MachinesSpecUpToDate"),
         (ETCD_CLUSTER_HEALTHY, "EtcdClusterHealthy"),
     ];
-    let mut out: Vec<V1Beta1Condition> = MIRROR
+    MIRROR
         .iter()
         .filter_map(|(from, to)| {
             let c = conditions.iter().find(|c| c.type_ == *from)?;
@@ -33,12 +43,15 @@ pub fn v1beta1_mirror(conditions: &[Condition]) -> Vec<V1Beta1Condition> {
                 message: (!c.message.is_empty()).then(|| c.message.clone()),
             })
         })
-        .collect();
-    // Resized: v1beta1's "the replica count is where it should be".
+        .collect()
+}
+
+/// v1beta1's `Resized`: the replica count is where it should be.
+fn resized(conditions: &[Condition]) -> V1Beta1Condition {
     let scaling = conditions
         .iter()
         .find(|c| (c.type_ == SCALING_UP || c.type_ == SCALING_DOWN) && c.status == "True");
-    out.push(V1Beta1Condition {
+    V1Beta1Condition {
         type_: "Resized".into(),
         status: if scaling.is_some() { "False" } else { "True" }.into(),
         severity: scaling.map(|_| "Warning".to_string()),
@@ -47,8 +60,7 @@ pub fn v1beta1_mirror(conditions: &[Condition]) -> Vec<V1Beta1Condition> {
             .or_else(|| Some(Time(k8s_openapi::jiff::Timestamp::now()))),
         reason: scaling.map(|c| c.reason.clone()),
         message: scaling.map(|c| c.message.clone()),
-    });
-    out
+    }
 }
 
 #[cfg(test)]
