@@ -394,7 +394,12 @@ impl WorldBuilder {
 
     /// Annotations on the KThreesControlPlane, beside those it has.
     pub fn with_annotations(mut self, annotations: &[(&str, &str)]) -> Self {
-        let all = self.world.kcp.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        let all = self
+            .world
+            .kcp
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new);
         for (key, value) in annotations {
             all.insert(key.to_string(), value.to_string());
         }
@@ -531,7 +536,10 @@ impl WorldBuilder {
     }
 
     fn cluster_name(&self) -> String {
-        self.world.cluster_name.clone().unwrap_or_else(|| "c".into())
+        self.world
+            .cluster_name
+            .clone()
+            .unwrap_or_else(|| "c".into())
     }
 
     /// The membership read, an empty one if etcd was not read.

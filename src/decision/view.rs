@@ -533,7 +533,12 @@ mod tests {
     #[test]
     fn live_machines_without_our_hook_get_it_before_anything_else() {
         use crate::decision::plan::{Action, plan};
-        let machines = |names: &[&str]| names.iter().map(|n| fixtures::machine(n)).collect::<Vec<_>>();
+        let machines = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| fixtures::machine(n))
+                .collect::<Vec<_>>()
+        };
         let w = WorldBuilder::new()
             .with_machines(machines(&["m0", "m1", "m2", "m3"]))
             .without_our_hook("m0")
