@@ -451,6 +451,36 @@ impl WorldBuilder {
         })
     }
 
+    /// Machine `name` is being deleted, drained, and CAPI waits on its
+    /// pre-terminate hooks (ours among them): the removal's etcd steps are due.
+    pub fn waiting_on_pre_terminate_hooks(self, name: &str) -> Self {
+        let since = self.world.now.to_rfc3339();
+        self.deleting(name).edit_machine(name, |m| {
+            m.status
+                .get_or_insert_with(Default::default)
+                .conditions
+                .push(
+                    serde_json::from_value(json!({
+                        "type": "Deleting", "status": "True",
+                        "reason": "WaitingForPreTerminateHook", "message": "",
+                        "lastTransitionTime": since
+                    }))
+                    .unwrap(),
+                );
+        })
+    }
+
+    /// A removal of ours chose server `machine`: our hook records its member.
+    pub fn chosen_for_removal(self, machine: &str) -> Self {
+        let value = crate::remediation::steps::hook_value(Some(member(server_of(machine)).id));
+        self.edit_machine(machine, |m| {
+            m.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(PRE_TERMINATE_HOOK_ANNOTATION.into(), value);
+        })
+    }
+
     /// Machine `name` lacks our pre-terminate hook (created by an earlier
     /// version, or taken over).
     pub fn without_our_hook(self, name: &str) -> Self {
