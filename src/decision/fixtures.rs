@@ -412,12 +412,6 @@ impl WorldBuilder {
         self
     }
 
-    /// Owned by the Cluster `name` (its object read when [`Self::running`]).
-    pub fn cluster(mut self, name: &str) -> Self {
-        self.world.cluster_name = Some(name.into());
-        self
-    }
-
     /// No Cluster owns the control plane yet.
     pub fn without_cluster(mut self) -> Self {
         self.world.cluster_name = None;

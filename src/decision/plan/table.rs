@@ -222,6 +222,13 @@ fn plan_table() {
             ("scale-up.etcd-unreachable", "wait"),
         ),
         (
+            "etcd_credentials_missing_hold_a_scale_up_back",
+            healthy()
+                .with_replicas(5)
+                .no_credentials("Secret ns/c-etcd not found"),
+            ("scale-up.etcd-unreachable", "wait"),
+        ),
+        (
             "more_machines_than_replicas_scales_down",
             healthy().with_server(3),
             ("scale-down", "add-hook"),
