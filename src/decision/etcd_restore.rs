@@ -734,10 +734,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::KThreesControlPlane;
-    use crate::decision::world::{RestoredData, WorkloadState};
+    use crate::decision::fixtures::{self, WorldBuilder};
+    use crate::decision::world::RestoredData;
     use crate::etcd::MemberSnapshot;
-    use crate::etcd::snapshot::MemberStatus;
 
     const SNAP: &str = "capi-scheduled-cp-a-1765000000";
 
@@ -746,85 +745,31 @@ mod tests {
                                    "credentialsSecret": {"name": "keys"}}}})
     }
 
-    fn world(annotations: &[(&str, &str)], backup: serde_json::Value) -> World {
-        let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
-        let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns", "annotations": annotations},
-            "spec": {"replicas": 3, "version": "v1.30.2+k3s2", "etcdBackup": backup,
-                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}}
-        }))
-        .unwrap();
-        World {
-            kcp,
-            cluster_name: Some("c".into()),
-            cluster: None,
-            machines: vec![],
-            foreign_machines: vec![],
-            workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", Utc::now()),
-            workload: WorkloadState::Nodes(vec![]),
-            etcd: EtcdObservation::Unreachable {
-                reason: "dial tcp 10.0.0.1:2379: connection refused".into(),
-            },
-            etcd_transport: None,
-            members_first_seen: Default::default(),
-            leadership_move: None,
-            serving_certs: Default::default(),
-            k3s_serving_certs: Default::default(),
-            orphan_grace: std::time::Duration::from_secs(300),
-            member_missing_grace: std::time::Duration::from_secs(120),
-            etcd_space: Default::default(),
-            etcd_history: None,
-            restored_data: None,
-            etcd_defragmented: Default::default(),
-            now: "2026-12-06T12:00:00Z".parse().unwrap(),
-        }
+    const NOON: &str = "2026-12-06T12:00:00Z";
+    const REFUSED: &str = "connection refused";
+
+    /// The control plane at noon with `annotations` and `backup` as
+    /// `spec.etcdBackup`, etcd not answering.
+    fn world(annotations: &[(&str, &str)], backup: serde_json::Value) -> WorldBuilder {
+        WorldBuilder::new()
+            .at(NOON)
+            .with_annotations(annotations)
+            .with_backup(backup)
+            .etcd_unreachable("dial tcp 10.0.0.1:2379: connection refused")
     }
 
-    fn member(id: u64, name: &str, healthy: bool) -> MemberSnapshot {
+    /// A restore of SNAP asked for.
+    fn asked() -> WorldBuilder {
+        world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
+    }
+
+    /// A healthy member `id` named `name` (a Node's, not a numbered server's).
+    fn member(id: u64, name: &str) -> MemberSnapshot {
         MemberSnapshot {
             id,
             name: name.into(),
-            peer_urls: vec![],
-            client_urls: vec![format!("https://10.0.0.{id}:2379")],
-            learner: false,
-            status: healthy.then(|| MemberStatus {
-                leader: 1,
-                raft_term: 2,
-                raft_index: 10,
-                raft_applied_index: 10,
-                db_size: 20_480,
-                db_size_in_use: 20_480,
-                db_size_quota: 0,
-                revision: 5,
-                version: "3.5.21".into(),
-                errors: vec![],
-                is_learner: false,
-            }),
-            probe_error: (!healthy).then(|| "connection refused".to_string()),
-            alarms: vec![],
+            ..fixtures::member(0)
         }
-    }
-
-    fn observed(members: Vec<MemberSnapshot>) -> EtcdObservation {
-        EtcdObservation::Observed(MembershipSnapshot {
-            cluster_id: 7,
-            leader: members.iter().any(|m| m.status.is_some()).then_some(1),
-            members,
-            listed_by: "https://10.0.0.1:2379".into(),
-            alarms_error: None,
-            foreign_clusters: Vec::new(),
-        })
-    }
-
-    /// Three members, `healthy` of them answering.
-    fn three(healthy: usize) -> EtcdObservation {
-        observed(
-            (1..=3)
-                .map(|i| member(i, &format!("cp-{i}-0000000{i}"), (i as usize) <= healthy))
-                .collect(),
-        )
     }
 
     fn machine(
@@ -862,7 +807,8 @@ mod tests {
         }
     }
 
-    fn accepted_world() -> World {
+    /// The attempt accepted; no Machine observed.
+    fn accepted() -> WorldBuilder {
         world(
             &[(
                 ETCD_RESTORE_ACCEPTED_ANNOTATION,
@@ -899,13 +845,10 @@ mod tests {
         // (situation, world, expected rule and a telling part of its message)
         type Case<'a> = (&'a str, World, Option<(&'a str, &'a str)>);
         let cases: Vec<Case> = vec![
-            ("nothing_asked", world(&[], s3_backup()), None),
+            ("nothing_asked", world(&[], s3_backup()).build(), None),
             (
                 "quorum_holds_refused_with_the_numbers",
-                World {
-                    etcd: three(3),
-                    ..world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
-                },
+                asked().with_etcd_members(3).build(),
                 Some((
                     "restore.refused.quorum-holds",
                     "voters 3, healthy 3, quorum 2",
@@ -913,16 +856,10 @@ mod tests {
             ),
             (
                 "quorum_holds_forced",
-                World {
-                    etcd: three(3),
-                    ..world(
-                        &[
-                            (ETCD_RESTORE_ANNOTATION, SNAP),
-                            (ETCD_RESTORE_FORCE_ANNOTATION, "true"),
-                        ],
-                        s3_backup(),
-                    )
-                },
+                asked()
+                    .with_annotations(&[(ETCD_RESTORE_FORCE_ANNOTATION, "true")])
+                    .with_etcd_members(3)
+                    .build(),
                 Some((
                     "restore.accept",
                     "forced: etcd still has quorum (voters 3, healthy 3, quorum 2)",
@@ -930,10 +867,11 @@ mod tests {
             ),
             (
                 "quorum_lost_accepted",
-                World {
-                    etcd: three(1),
-                    ..world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
-                },
+                asked()
+                    .with_etcd_members(3)
+                    .with_unhealthy_member("m1", REFUSED)
+                    .with_unhealthy_member("m2", REFUSED)
+                    .build(),
                 Some((
                     "restore.accept",
                     "etcd has lost quorum (voters 3, healthy 1, quorum 2)",
@@ -943,11 +881,11 @@ mod tests {
                 "a_member_without_a_machine_counts",
                 // Two healthy of three listed members: quorum holds, though
                 // no Machine is left for two of them.
-                World {
-                    etcd: three(2),
-                    machines: vec![machine("m1", &[HOOK], false, Some("cp-1"))],
-                    ..world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
-                },
+                asked()
+                    .with_etcd_members(3)
+                    .with_unhealthy_member("m2", REFUSED)
+                    .with_machines(vec![machine("m1", &[HOOK], false, Some("cp-1"))])
+                    .build(),
                 Some((
                     "restore.refused.quorum-holds",
                     "voters 3, healthy 2, quorum 2",
@@ -955,23 +893,19 @@ mod tests {
             ),
             (
                 "etcd_unreadable_refused",
-                world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup()),
+                asked().build(),
                 Some(("restore.refused.etcd-unknown", "connection refused")),
             ),
             (
                 "etcd_unreadable_forced",
-                world(
-                    &[
-                        (ETCD_RESTORE_ANNOTATION, SNAP),
-                        (ETCD_RESTORE_FORCE_ANNOTATION, "true"),
-                    ],
-                    s3_backup(),
-                ),
+                asked()
+                    .with_annotations(&[(ETCD_RESTORE_FORCE_ANNOTATION, "true")])
+                    .build(),
                 Some(("restore.accept", "forced: etcd could not be read")),
             ),
             (
                 "no_target",
-                world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], json!(null)),
+                world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], json!(null)).build(),
                 Some((
                     "restore.refused.no-target",
                     "spec.etcdBackup.target is not set",
@@ -982,7 +916,8 @@ mod tests {
                 world(
                     &[(ETCD_RESTORE_ANNOTATION, SNAP)],
                     json!({"target": {"filesystem": {"path": "/b"}}}),
-                ),
+                )
+                .build(),
                 Some((
                     "restore.refused.no-s3-target",
                     "spec.etcdBackup.target.filesystem",
@@ -990,16 +925,10 @@ mod tests {
             ),
             (
                 "external_datastore",
-                World {
-                    etcd: EtcdObservation::NotManaged,
-                    ..world(
-                        &[
-                            (ETCD_RESTORE_ANNOTATION, SNAP),
-                            (ETCD_RESTORE_FORCE_ANNOTATION, "true"),
-                        ],
-                        s3_backup(),
-                    )
-                },
+                asked()
+                    .with_annotations(&[(ETCD_RESTORE_FORCE_ANNOTATION, "true")])
+                    .etcd_not_managed()
+                    .build(),
                 Some(("restore.refused.not-embedded", "spec.externalDatastore")),
             ),
             (
@@ -1007,7 +936,8 @@ mod tests {
                 world(
                     &[(ETCD_RESTORE_ANNOTATION, "--etcd-s3-bucket=x-1")],
                     s3_backup(),
-                ),
+                )
+                .build(),
                 Some(("restore.refused.invalid-request", "not starting with '-'")),
             ),
             (
@@ -1015,12 +945,13 @@ mod tests {
                 world(
                     &[(ETCD_RESTORE_ANNOTATION, "snap-$(reboot)-1")],
                     s3_backup(),
-                ),
+                )
+                .build(),
                 Some(("restore.refused.invalid-request", "letters, digits")),
             ),
             (
                 "a_name_without_its_node",
-                world(&[(ETCD_RESTORE_ANNOTATION, "mine.db")], s3_backup()),
+                world(&[(ETCD_RESTORE_ANNOTATION, "mine.db")], s3_backup()).build(),
                 Some(("restore.refused.invalid-request", "does not name the node")),
             ),
             (
@@ -1028,18 +959,15 @@ mod tests {
                 world(
                     &[(ETCD_RESTORE_ANNOTATION, "etcd-snapshot-cp-a-1765000000.zip")],
                     s3_backup(),
-                ),
+                )
+                .build(),
                 Some(("restore.refused.invalid-request", "compressed")),
             ),
             (
                 "force_not_a_bool",
-                world(
-                    &[
-                        (ETCD_RESTORE_ANNOTATION, SNAP),
-                        (ETCD_RESTORE_FORCE_ANNOTATION, "yes"),
-                    ],
-                    s3_backup(),
-                ),
+                asked()
+                    .with_annotations(&[(ETCD_RESTORE_FORCE_ANNOTATION, "yes")])
+                    .build(),
                 Some((
                     "restore.refused.invalid-request",
                     ETCD_RESTORE_FORCE_ANNOTATION,
@@ -1050,7 +978,8 @@ mod tests {
                 world(
                     &[(ETCD_RESTORE_ACCEPTED_ANNOTATION, "{not json")],
                     s3_backup(),
-                ),
+                )
+                .build(),
                 Some((
                     "restore.refused.invalid-request",
                     ETCD_RESTORE_ACCEPTED_ANNOTATION,
@@ -1058,20 +987,19 @@ mod tests {
             ),
             (
                 "accepted_old_machines_live_or_hooked_are_retired",
-                World {
-                    machines: vec![
+                accepted()
+                    .with_machines(vec![
                         machine("m1", &[HOOK], false, Some("cp-1")),
                         machine("m2", &[HOOK, DRAIN, VOLUMES], true, Some("cp-2")),
                         machine("m3", &[DRAIN, VOLUMES], true, Some("cp-3")),
-                    ],
-                    ..accepted_world()
-                },
+                    ])
+                    .build(),
                 Some(("restore.retire-machines", "m1, m2 ")),
             ),
             (
                 "accepted_old_machines_going_held_by_another_hook",
-                World {
-                    machines: vec![machine(
+                accepted()
+                    .with_machines(vec![machine(
                         "m3",
                         &[
                             DRAIN,
@@ -1083,9 +1011,8 @@ mod tests {
                         ],
                         true,
                         Some("cp-3"),
-                    )],
-                    ..accepted_world()
-                },
+                    )])
+                    .build(),
                 Some((
                     "restore.wait.machines-going",
                     "m3 (held by pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup)",
@@ -1093,8 +1020,8 @@ mod tests {
             ),
             (
                 "an_earlier_attempts_restore_machine_is_old",
-                World {
-                    machines: vec![machine(
+                accepted()
+                    .with_machines(vec![machine(
                         "r0",
                         &[(
                             ETCD_RESTORE_OF_ANNOTATION,
@@ -1106,30 +1033,27 @@ mod tests {
                         )],
                         false,
                         Some("r0"),
-                    )],
-                    ..accepted_world()
-                },
+                    )])
+                    .build(),
                 Some(("restore.retire-machines", "r0")),
             ),
             (
                 "accepted_old_machines_gone_creates_the_restore_machine",
-                accepted_world(),
+                accepted().build(),
                 Some(("restore.create-machine", SNAP)),
             ),
             (
                 "restore_machine_deleted_before_it_restored",
-                World {
-                    machines: vec![restore_machine("r1", true, None)],
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_machines(vec![restore_machine("r1", true, None)])
+                    .build(),
                 Some(("restore.wait.restore-machine-going", "r1")),
             ),
             (
                 "restore_machine_booting",
-                World {
-                    machines: vec![restore_machine("r1", false, None)],
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_machines(vec![restore_machine("r1", false, None)])
+                    .build(),
                 Some((
                     "restore.wait.restored-member",
                     "r1 (created 60s ago) to restore it: it has no Node yet",
@@ -1139,14 +1063,13 @@ mod tests {
                 "a_reapplied_acceptance_deletes_nothing",
                 // Machines made after the acceptance was written (a copy of
                 // the annotation applied again later): not this attempt's.
-                World {
-                    machines: vec![
+                accepted()
+                    .with_etcd_members(3)
+                    .with_machines(vec![
                         machine("m1", &[HOOK], false, Some("cp-1")),
                         machine("n7", &[HOOK], false, Some("cp-7")),
-                    ],
-                    etcd: three(3),
-                    ..accepted_world()
-                },
+                    ])
+                    .build(),
                 Some((
                     "restore.refused.stale-acceptance",
                     "but n7 is not among them nor restoring this attempt",
@@ -1154,35 +1077,32 @@ mod tests {
             ),
             (
                 "a_second_restore_machine_goes",
-                World {
-                    machines: vec![restore_machine("r1", false, None), {
+                accepted()
+                    .with_machines(vec![restore_machine("r1", false, None), {
                         let mut m = restore_machine("r2", false, None);
                         m.metadata.creation_timestamp =
                             serde_json::from_value(json!("2026-12-06T11:59:30Z")).unwrap();
                         m
-                    }],
-                    ..accepted_world()
-                },
+                    }])
+                    .build(),
                 Some(("restore.retire-machines", "r2 ")),
             ),
             (
                 "restored_member_alone_with_the_snapshots_data",
-                World {
-                    machines: vec![restore_machine("r1", false, Some("r1"))],
-                    etcd: observed(vec![member(1, "r1-0a0b0c0d", true)]),
-                    restored_data: marker(Ok(true)),
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_member(member(1, "r1-0a0b0c0d"))
+                    .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+                    .edit(|w| w.restored_data = marker(Ok(true)))
+                    .build(),
                 Some(("restore.finish", "r1-0a0b0c0d on Machine r1 answers alone")),
             ),
             (
                 "a_fresh_first_start_is_not_the_restore",
-                World {
-                    machines: vec![restore_machine("r1", false, Some("r1"))],
-                    etcd: observed(vec![member(1, "r1-0a0b0c0d", true)]),
-                    restored_data: marker(Ok(false)),
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_member(member(1, "r1-0a0b0c0d"))
+                    .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+                    .edit(|w| w.restored_data = marker(Ok(false)))
+                    .build(),
                 Some((
                     "restore.wait.restored-member",
                     "holds no /registry/minions/cp-a",
@@ -1190,31 +1110,30 @@ mod tests {
             ),
             (
                 "the_marker_not_read",
-                World {
-                    machines: vec![restore_machine("r1", false, Some("r1"))],
-                    etcd: observed(vec![member(1, "r1-0a0b0c0d", true)]),
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_member(member(1, "r1-0a0b0c0d"))
+                    .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+                    .build(),
                 Some(("restore.wait.restored-member", "not read yet")),
             ),
             (
                 "old_members_still_listed",
-                World {
-                    machines: vec![restore_machine("r1", false, Some("r1"))],
-                    etcd: three(1),
-                    restored_data: marker(Ok(true)),
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_etcd_members(3)
+                    .with_unhealthy_member("m1", REFUSED)
+                    .with_unhealthy_member("m2", REFUSED)
+                    .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+                    .edit(|w| w.restored_data = marker(Ok(true)))
+                    .build(),
                 Some(("restore.wait.restored-member", "lists 3 members")),
             ),
             (
                 "another_nodes_member",
-                World {
-                    machines: vec![restore_machine("r1", false, Some("r1"))],
-                    etcd: observed(vec![member(1, "cp-1-00000001", true)]),
-                    restored_data: marker(Ok(true)),
-                    ..accepted_world()
-                },
+                accepted()
+                    .with_member(member(1, "cp-1-00000001"))
+                    .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+                    .edit(|w| w.restored_data = marker(Ok(true)))
+                    .build(),
                 Some(("restore.wait.restored-member", "not one of Node r1")),
             ),
         ];
@@ -1237,14 +1156,15 @@ mod tests {
 
     #[test]
     fn each_step_carries_what_the_controller_needs() {
-        let w = World {
-            etcd: three(1),
-            machines: vec![
+        let w = asked()
+            .with_etcd_members(3)
+            .with_unhealthy_member("m1", REFUSED)
+            .with_unhealthy_member("m2", REFUSED)
+            .with_machines(vec![
                 machine("m1", &[HOOK], false, Some("cp-1")),
                 machine("m2", &[HOOK], true, Some("cp-2")),
-            ],
-            ..world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())
-        };
+            ])
+            .build();
         let Some(RestoreDecision::Step { step, .. }) = decide(&w) else {
             panic!("an acceptance")
         };
@@ -1258,12 +1178,11 @@ mod tests {
                 machines: vec!["m1".into(), "m2".into()],
             }
         );
-        let w = World {
-            machines: vec![restore_machine("r1", false, Some("r1"))],
-            etcd: observed(vec![member(0xab, "r1-0a0b0c0d", true)]),
-            restored_data: marker(Ok(true)),
-            ..accepted_world()
-        };
+        let w = accepted()
+            .with_member(member(0xab, "r1-0a0b0c0d"))
+            .with_machines(vec![restore_machine("r1", false, Some("r1"))])
+            .edit(|w| w.restored_data = marker(Ok(true)))
+            .build();
         let Some(RestoreDecision::Step { step, .. }) = decide(&w) else {
             panic!("a step")
         };
@@ -1284,11 +1203,8 @@ mod tests {
             marker_to_read(&w).as_deref(),
             Some("/registry/minions/cp-a")
         );
-        assert_eq!(marker_to_read(&accepted_world()), None);
-        assert_eq!(
-            marker_to_read(&world(&[(ETCD_RESTORE_ANNOTATION, SNAP)], s3_backup())),
-            None
-        );
+        assert_eq!(marker_to_read(&accepted().build()), None);
+        assert_eq!(marker_to_read(&asked().build()), None);
     }
 
     #[test]

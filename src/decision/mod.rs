@@ -8,6 +8,8 @@ pub mod conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
 pub mod events;
+#[cfg(any(test, feature = "sandbox"))]
+pub mod fixtures;
 pub mod pace;
 pub mod plan;
 pub mod record;

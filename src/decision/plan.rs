@@ -780,3 +780,6 @@ mod etcd_snapshot_needs {
         }
     }
 }
+
+#[cfg(test)]
+mod table;

@@ -281,48 +281,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::KThreesControlPlane;
     use crate::api::condition_names::CERTIFICATES_EXPIRING;
-    use crate::decision::world::{EtcdObservation, WorkloadState};
-
-    fn world(spec: serde_json::Value, cluster: Option<&str>) -> World {
-        let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
-            "spec": spec,
-        }))
-        .unwrap();
-        World {
-            kcp,
-            cluster_name: cluster.map(Into::into),
-            cluster: None,
-            machines: vec![],
-            foreign_machines: vec![],
-            workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
-            workload: WorkloadState::Nodes(vec![]),
-            etcd: EtcdObservation::Unreachable {
-                reason: "not read".into(),
-            },
-            etcd_transport: None,
-            members_first_seen: Default::default(),
-            leadership_move: None,
-            serving_certs: Default::default(),
-            k3s_serving_certs: Default::default(),
-            orphan_grace: std::time::Duration::from_secs(300),
-            member_missing_grace: std::time::Duration::from_secs(120),
-            etcd_space: Default::default(),
-            etcd_history: None,
-            restored_data: None,
-            etcd_defragmented: Default::default(),
-            now: chrono::Utc::now(),
-        }
-    }
-
-    fn valid_spec() -> serde_json::Value {
-        json!({"replicas": 3, "version": "v1.30.2+k3s2",
-               "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}})
-    }
+    use crate::decision::fixtures::WorldBuilder;
 
     fn proceed(w: &World) -> Lifecycle {
         Lifecycle::Proceed {
@@ -332,11 +292,12 @@ mod tests {
 
     #[test]
     fn an_invalid_spec_is_a_refusal_with_a_warning_and_acts_on_nothing() {
-        let w = world(
-            json!({"replicas": 2, "version": "v1.30.2+k3s2",
-                   "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}}),
-            Some("c"),
-        );
+        let w = WorldBuilder::new()
+            .with_spec(
+                json!({"replicas": 2, "version": "v1.30.2+k3s2",
+                       "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}}),
+            )
+            .build();
         let decision = decide(&w, proceed(&w));
         assert_eq!(decision.rule(), "refused.invalid-spec");
         assert!(
@@ -363,7 +324,7 @@ mod tests {
 
     #[test]
     fn without_a_cluster_the_record_says_so_and_waits_to_be_told() {
-        let w = world(valid_spec(), None);
+        let w = WorldBuilder::new().without_cluster().build();
         let lifecycle = decide_lifecycle(&w);
         assert!(
             matches!(lifecycle, Lifecycle::Proceed { .. }),
@@ -380,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_lifecycle_stop_has_no_plan_and_carries_the_lifecycle_rule() {
-        let mut w = world(valid_spec(), Some("c"));
+        let mut w = WorldBuilder::new().build();
         w.kcp.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),
@@ -403,7 +364,7 @@ mod tests {
     #[test]
     fn a_cluster_ca_is_reported_a_year_before_it_expires() {
         let condition = |ca_days: i64| {
-            let mut w = world(valid_spec(), Some("c"));
+            let mut w = WorldBuilder::new().build();
             w.secrets
                 .ca_not_after
                 .insert(CaPurpose::Etcd, w.now + chrono::Duration::days(ca_days));
@@ -445,7 +406,7 @@ mod tests {
 
     #[test]
     fn the_status_after_acting_adds_the_recorded_remediation_only() {
-        let w = world(valid_spec(), Some("c"));
+        let w = WorldBuilder::new().build();
         let decision = decide(&w, proceed(&w));
         assert_eq!(decision.status_after(&w, None, None, None), decision.status);
         let recorded = RemediationData {

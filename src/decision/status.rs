@@ -150,82 +150,16 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::KThreesControlPlane;
     use crate::api::condition_names::ETCD_CLUSTER_HEALTHY;
-    use crate::decision::world::{EtcdObservation, WorkloadState};
-    use crate::etcd::{MemberSnapshot, MemberStatus};
+    use crate::decision::fixtures::WorldBuilder;
+    use crate::decision::world::EtcdObservation;
     use crate::lifecycle::plan_secrets;
 
-    fn member(id: u64, probe_error: Option<&str>) -> MemberSnapshot {
-        MemberSnapshot {
-            id,
-            name: format!("cp-{id}-0000000{id}"),
-            peer_urls: vec![],
-            client_urls: vec![],
-            learner: false,
-            status: probe_error.is_none().then(|| MemberStatus {
-                leader: 1,
-                raft_term: 2,
-                raft_index: 10,
-                raft_applied_index: 10,
-                db_size: 1,
-                db_size_in_use: 1,
-                db_size_quota: 0,
-                revision: 0,
-                version: "3.4.23".into(),
-                errors: vec![],
-                is_learner: false,
-            }),
-            probe_error: probe_error.map(Into::into),
-            alarms: vec![],
-        }
-    }
-
-    fn world(etcd: EtcdObservation) -> World {
-        let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns", "generation": 1},
-            "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "T", "name": "t"}}}},
-            // What an earlier reconcile wrote: 3 of 3 healthy.
-            "status": {"etcd": {"members": 3, "voters": 3, "healthyVoters": 3, "quorum": 2,
-                                "quorumMargin": 1, "voterHealth": "3/3"}}
-        }))
-        .unwrap();
-        World {
-            kcp,
-            cluster_name: Some("c".into()),
-            cluster: None,
-            machines: vec![],
-            foreign_machines: vec![],
-            workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
-            workload: WorkloadState::Nodes(vec![]),
-            etcd,
-            etcd_transport: None,
-            members_first_seen: Default::default(),
-            leadership_move: None,
-            serving_certs: Default::default(),
-            k3s_serving_certs: Default::default(),
-            orphan_grace: std::time::Duration::from_secs(300),
-            member_missing_grace: std::time::Duration::from_secs(120),
-            etcd_space: Default::default(),
-            etcd_history: None,
-            restored_data: None,
-            etcd_defragmented: Default::default(),
-            now: chrono::Utc::now(),
-        }
-    }
-
-    fn observed(members: Vec<MemberSnapshot>) -> EtcdObservation {
-        EtcdObservation::Observed(MembershipSnapshot {
-            cluster_id: 7,
-            leader: Some(1),
-            members,
-            listed_by: "https://10.0.0.1:2379".into(),
-            alarms_error: None,
-            foreign_clusters: Vec::new(),
-        })
+    /// What an earlier reconcile wrote: 3 of 3 healthy.
+    fn written_before() -> WorldBuilder {
+        WorldBuilder::new().with_status(json!({"etcd": {
+            "members": 3, "voters": 3, "healthyVoters": 3, "quorum": 2,
+            "quorumMargin": 1, "voterHealth": "3/3"}}))
     }
 
     fn status_of(world: &World) -> KThreesControlPlaneStatus {
@@ -246,11 +180,10 @@ mod tests {
 
     #[test]
     fn etcd_status_is_the_quorum_of_the_membership_read_now() {
-        let w = world(observed(vec![
-            member(1, None),
-            member(2, None),
-            member(3, Some("connection refused")),
-        ]));
+        let w = written_before()
+            .with_healthy_servers(3)
+            .with_unhealthy_member("m2", "connection refused")
+            .build();
         let etcd = status_of(&w).etcd.expect("etcd was read");
         assert_eq!(
             etcd,
@@ -264,16 +197,17 @@ mod tests {
             }
         );
         // Quorum lost: the margin goes negative (fault tolerance stays 0).
-        let w = world(observed(vec![
-            member(1, None),
-            member(2, Some("timeout")),
-            member(3, Some("connection refused")),
-        ]));
+        let w = written_before()
+            .with_healthy_servers(3)
+            .with_unhealthy_member("m1", "timeout")
+            .with_unhealthy_member("m2", "connection refused")
+            .build();
         assert_eq!(status_of(&w).etcd.unwrap().quorum_margin, -1);
         // A learner is a member, not a voter.
-        let mut learner = member(4, None);
-        learner.learner = true;
-        let w = world(observed(vec![member(1, None), learner]));
+        let w = written_before()
+            .with_healthy_servers(2)
+            .with_learner("m1")
+            .build();
         let etcd = status_of(&w).etcd.unwrap();
         assert_eq!((etcd.members, etcd.voters, etcd.quorum_margin), (2, 1, 0));
     }
@@ -289,7 +223,7 @@ mod tests {
             },
             EtcdObservation::NotManaged,
         ] {
-            let w = world(etcd.clone());
+            let w = written_before().with_etcd(etcd.clone()).build();
             let status = status_of(&w);
             assert_eq!(status.etcd, None, "{etcd:?}");
             // The condition says why.
@@ -301,9 +235,7 @@ mod tests {
             assert_eq!(c.status, "Unknown", "{etcd:?}");
         }
         // Paused: nothing is read, so nothing is claimed.
-        let w = world(EtcdObservation::Unreachable {
-            reason: "not read".into(),
-        });
+        let w = written_before().build();
         let paused = kcp_status(
             &w,
             &Lifecycle::Paused {

@@ -463,74 +463,16 @@ mod tests {
         );
         control_plane_view(w, mapping, &outdated)
     }
-    use crate::decision::world::WorkloadState;
-    use crate::etcd::{MemberSnapshot, MembershipSnapshot};
-    use serde_json::json;
+    use crate::decision::fixtures::{self, WorldBuilder};
+    use crate::etcd::MembershipSnapshot;
 
-    fn world(etcd: EtcdObservation) -> World {
-        let kcp: KThreesControlPlane = serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns"},
-            "spec": {"replicas": 3, "version": "v1.30.2+k3s2",
-                     "machineTemplate": {"spec": {"infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"}}}}
-        }))
-        .unwrap();
-        World {
-            kcp,
-            cluster_name: Some("c".into()),
-            cluster: None,
-            machines: vec![],
-            foreign_machines: vec![],
-            workers: vec![],
-            secrets: crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now()),
-            workload: WorkloadState::Nodes(vec![]),
-            etcd,
-            members_first_seen: Default::default(),
-            leadership_move: None,
-            serving_certs: Default::default(),
-            k3s_serving_certs: Default::default(),
-            etcd_transport: None,
-            orphan_grace: std::time::Duration::from_secs(300),
-            member_missing_grace: std::time::Duration::from_secs(120),
-            etcd_space: Default::default(),
-            etcd_history: None,
-            restored_data: None,
-            etcd_defragmented: Default::default(),
-            now: chrono::Utc::now(),
-        }
+    /// etcd answered: server 0's member alone, a healthy voter.
+    fn answered() -> WorldBuilder {
+        WorldBuilder::new().with_member(fixtures::member(0))
     }
 
-    fn snapshot(alarms_error: Option<&str>) -> MembershipSnapshot {
-        MembershipSnapshot {
-            cluster_id: 1,
-            leader: Some(1),
-            members: vec![MemberSnapshot {
-                id: 1,
-                name: "cp-0-00000001".into(),
-                peer_urls: vec![],
-                client_urls: vec![],
-                learner: false,
-                // A healthy voter: quorum holds, so only the alarms are unknown.
-                status: Some(crate::etcd::snapshot::MemberStatus {
-                    leader: 1,
-                    raft_term: 2,
-                    raft_index: 10,
-                    raft_applied_index: 10,
-                    db_size: 20_480,
-                    db_size_in_use: 20_480,
-                    db_size_quota: 0,
-                    revision: 0,
-                    version: "3.4.23".into(),
-                    errors: vec![],
-                    is_learner: false,
-                }),
-                probe_error: None,
-                alarms: vec![],
-            }],
-            listed_by: "https://127.0.0.1:2379".into(),
-            alarms_error: alarms_error.map(str::to_string),
-            foreign_clusters: Vec::new(),
-        }
+    fn alarms_unreadable(why: &str) -> impl FnOnce(&mut MembershipSnapshot) {
+        move |s| s.alarms_error = Some(why.into())
     }
 
     /// A KThreesControlPlane re-created by `clusterctl move` has no status;
@@ -539,18 +481,8 @@ mod tests {
     /// a nodeRef, or a membership that answered with members.
     #[test]
     fn a_dropped_status_does_not_switch_etcd_off() {
-        let machine: Machine = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "m0", "namespace": "ns"},
-            "spec": {"clusterName": "c",
-                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": "m0"}},
-                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m0"}},
-            "status": {"nodeRef": {"name": "cp-0"}}
-        }))
-        .unwrap();
-        let down = || WorkloadState::Unavailable {
-            reason: "x509: certificate has expired".into(),
-        };
+        let machine = fixtures::server_machine(0);
+        let answered = || answered().build().etcd;
         let cases: [(&str, Option<Machine>, EtcdObservation, bool); 4] = [
             (
                 "no status, Nodes unread, a Machine with a nodeRef",
@@ -563,7 +495,7 @@ mod tests {
             (
                 "no status, Nodes unread, etcd answered with members",
                 None,
-                EtcdObservation::Observed(snapshot(None)),
+                answered(),
                 true,
             ),
             (
@@ -577,14 +509,16 @@ mod tests {
             (
                 "no status, a Machine with a nodeRef and etcd answered",
                 Some(machine.clone()),
-                EtcdObservation::Observed(snapshot(None)),
+                answered(),
                 true,
             ),
         ];
         for (name, machine, etcd, initialized) in cases {
-            let mut w = world(etcd);
-            w.workload = down();
-            w.machines = machine.into_iter().collect();
+            let w = WorldBuilder::new()
+                .with_etcd(etcd)
+                .nodes_unreadable("x509: certificate has expired")
+                .with_machines(machine)
+                .build();
             assert!(w.kcp.status.is_none(), "{name}: the status was dropped");
             let view = view_of(&w, None).unwrap();
             assert_eq!(view.initialized, initialized, "{name}");
@@ -599,107 +533,67 @@ mod tests {
     #[test]
     fn live_machines_without_our_hook_get_it_before_anything_else() {
         use crate::decision::plan::{Action, plan};
-        let machine = |name: &str, hook: bool, deleting: bool| -> Machine {
-            let mut m = json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
-                "spec": {"clusterName": "c", "version": "v1.30.2+k3s2",
-                         "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
-                         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}}
-            });
-            if hook {
-                m["metadata"]["annotations"] = json!({PRE_TERMINATE_HOOK_ANNOTATION: ""});
-            }
-            if deleting {
-                m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
-            }
-            serde_json::from_value(m).unwrap()
+        let machines = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| fixtures::machine(n))
+                .collect::<Vec<_>>()
         };
-        let mut w = world(EtcdObservation::Unreachable {
-            reason: "not read".into(),
-        });
-        w.machines = vec![
-            machine("m0", false, false),
-            machine("m1", true, false),
-            machine("m2", false, false),
-            machine("m3", false, true),
-        ];
+        let w = WorldBuilder::new()
+            .with_machines(machines(&["m0", "m1", "m2", "m3"]))
+            .without_our_hook("m0")
+            .without_our_hook("m2")
+            .without_our_hook("m3")
+            .deleting("m3")
+            .build();
         let p = plan(&w).unwrap();
         assert_eq!(p.rule, "hooks.adopt", "{}", p.message);
         match &p.action {
             Action::AddHooks { machines } => assert_eq!(machines, &["m0", "m2"]),
             other => panic!("expected AddHooks, got {other:?}"),
         }
-        w.machines = vec![
-            machine("m0", true, false),
-            machine("m1", true, false),
-            machine("m3", false, true),
-        ];
+        let w = WorldBuilder::new()
+            .with_machines(machines(&["m0", "m1", "m3"]))
+            .without_our_hook("m3")
+            .deleting("m3")
+            .build();
         let p = plan(&w).unwrap();
         assert!(!matches!(p.action, Action::AddHooks { .. }), "{}", p.rule);
     }
 
     #[test]
     fn unreadable_alarms_make_the_membership_unknown_not_alarm_free() {
-        let view = view_of(
-            &world(EtcdObservation::Observed(snapshot(Some(
-                "etcdserver: request timed out",
-            )))),
-            None,
-        )
-        .unwrap();
+        // A healthy voter alone: quorum holds, so only the alarms are unknown.
+        let w = answered()
+            .edit_membership(alarms_unreadable("etcdserver: request timed out"))
+            .build();
+        let view = view_of(&w, None).unwrap();
         match view.etcd {
             EtcdState::Unreachable { reason } => {
                 assert!(reason.contains("request timed out"), "{reason}")
             }
             other => panic!("expected Unreachable, got {other:?}"),
         }
-        let view = view_of(&world(EtcdObservation::Observed(snapshot(None))), None).unwrap();
+        let view = view_of(&answered().build(), None).unwrap();
         assert!(matches!(view.etcd, EtcdState::Observed(_)));
     }
 
     #[test]
     fn with_quorum_lost_the_rules_see_the_membership_even_if_alarms_are_unreadable() {
-        let mut lost = snapshot(Some("no voter can reach a quorum"));
-        lost.members[0].status = None;
-        lost.members[0].probe_error = Some("cannot serve a linearizable read".into());
-        let view = view_of(&world(EtcdObservation::Observed(lost)), None).unwrap();
+        let lost = WorldBuilder::new()
+            .with_member(fixtures::unhealthy(
+                fixtures::member(0),
+                "cannot serve a linearizable read",
+            ))
+            .edit_membership(alarms_unreadable("no voter can reach a quorum"))
+            .build();
+        let view = view_of(&lost, None).unwrap();
         // Observed: the quorum rule refuses every removal, with the numbers.
         assert!(
             matches!(view.etcd, EtcdState::Observed(_)),
             "{:?}",
             view.etcd
         );
-    }
-
-    /// A server Node and its Machine, for the missing-member table.
-    fn server(
-        node_marks: fn(&mut crate::workload::ControlPlaneNode),
-    ) -> (Machine, crate::workload::ControlPlaneNode) {
-        let machine: Machine = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "m-1", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"clusterName": "c",
-                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": "m-1"}},
-                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m-1"},
-                     "version": "v1.30.2+k3s2"},
-            "status": {"nodeRef": {"name": "cp-1"}}
-        }))
-        .unwrap();
-        let mut node = crate::workload::ControlPlaneNode {
-            name: "cp-1".into(),
-            etcd_member_name: None,
-            etcd_node_address: None,
-            etcd_role: false,
-            internal_ips: vec!["10.0.0.2".parse().unwrap()],
-            addresses: vec![("InternalIP".into(), "10.0.0.2".into())],
-            ready: Some(true),
-            etcd_voter: None,
-            created: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
-            deleting: false,
-        };
-        node_marks(&mut node);
-        (machine, node)
     }
 
     /// EtcdMemberMissing: a server whose Node shows embedded etcd but whose
@@ -772,16 +666,20 @@ mod tests {
             ),
         ];
         for (name, marks, deleting, want) in cases {
-            let (mut machine, node) = server(marks);
+            // Server 1, up an hour, marked as the case says; etcd lists
+            // only server 0's member.
+            let mut server = WorldBuilder::new()
+                .with_member(fixtures::member(0))
+                .with_machine(fixtures::server_machine(1))
+                .with_node(fixtures::node_without_etcd(1))
+                .edit_node("cp-1", |n| {
+                    n.created = Some(chrono::Utc::now() - chrono::Duration::hours(1));
+                    marks(n);
+                });
             if deleting {
-                machine.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
+                server = server.deleting("m1");
             }
-            let mut w = world(EtcdObservation::Observed(snapshot(None)));
-            w.machines = vec![machine];
-            w.workload = WorkloadState::Nodes(vec![node]);
+            let w = server.build();
             let map = mapping(&w);
             let view = view_of(&w, map.as_ref()).unwrap();
             let got = view.machines[0]
@@ -876,14 +774,10 @@ mod tests {
 
     #[test]
     fn a_bad_remediation_annotation_names_the_object_and_field() {
-        let mut w = world(EtcdObservation::NotManaged);
-        w.kcp.metadata.annotations = Some(
-            [(
-                REMEDIATION_IN_PROGRESS_ANNOTATION.to_string(),
-                "{not json".to_string(),
-            )]
-            .into(),
-        );
+        let w = WorldBuilder::new()
+            .etcd_not_managed()
+            .with_annotations(&[(REMEDIATION_IN_PROGRESS_ANNOTATION, "{not json")])
+            .build();
         let err = view_of(&w, None).unwrap_err();
         assert_eq!(err.object, "KThreesControlPlane ns/cp");
         assert!(

@@ -4,165 +4,32 @@
 //! changes that. What the plan does, the rule, `EtcdSpaceHealthy` and the
 //! Event of a wait.
 
-use std::net::IpAddr;
-
-use k3s_control_plane::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
-use k3s_control_plane::api::{KThreesControlPlane, Machine};
+use k3s_control_plane::api::names::ETCD_QUOTA_ANNOTATION;
+use k3s_control_plane::decision::fixtures::{WorldBuilder, member_name};
 use k3s_control_plane::decision::plan::Action;
-use k3s_control_plane::decision::world::{EtcdObservation, WorkloadState, World};
+use k3s_control_plane::decision::world::{EtcdObservation, World};
 use k3s_control_plane::decision::{Decision, decide, decide_lifecycle};
-use k3s_control_plane::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+use k3s_control_plane::etcd::MembershipSnapshot;
 use k3s_control_plane::space::{Defragmentation, History, SpaceSettings, SpaceStep, Thresholds};
-use k3s_control_plane::workload::ControlPlaneNode;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 const MIB: i64 = 1024 * 1024;
 
-fn kcp() -> KThreesControlPlane {
-    serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-        "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
-                     "finalizers": [k3s_control_plane::api::names::KCP_FINALIZER],
-                     "annotations": {"controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes": "100Mi"}},
-        "spec": {
-            "replicas": 3, "version": "v1.30.2+k3s2",
-            "machineTemplate": {"spec": {"infrastructureRef": {
-                "apiGroup": "infrastructure.cluster.x-k8s.io",
-                "kind": "DockerMachineTemplate", "name": "t"
-            }}}
-        },
-        "status": {"initialized": true}
-    }))
-    .unwrap()
-}
-
-fn machine(i: u64) -> Machine {
-    serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": format!("m{i}"), "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z",
-                     "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: ""}},
-        "spec": {
-            "clusterName": "c",
-            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": format!("m{i}")}},
-            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": format!("m{i}")},
-            "version": "v1.30.2+k3s2"
-        },
-        "status": {"nodeRef": {"name": format!("cp-{i}")},
-                   "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{}", i + 1)}]}
-    }))
-    .unwrap()
-}
-
-fn node(i: u64) -> ControlPlaneNode {
-    let ip = format!("10.0.0.{}", i + 1);
-    ControlPlaneNode {
-        name: format!("cp-{i}"),
-        etcd_member_name: Some(member_name(i)),
-        etcd_node_address: Some(ip.clone()),
-        etcd_role: true,
-        internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
-        addresses: vec![("InternalIP".into(), ip)],
-        ready: Some(true),
-        etcd_voter: None,
-        created: None,
-        deleting: false,
-    }
-}
-
-fn member_name(i: u64) -> String {
-    format!("cp-{i}-0000000{}", i + 1)
-}
-
-/// Member of Machine `m<i>` (id i + 1), `db` MiB of which `in_use` MiB in use.
-fn member(i: u64, db: i64, in_use: i64) -> MemberSnapshot {
-    let ip = format!("10.0.0.{}", i + 1);
-    MemberSnapshot {
-        id: i + 1,
-        name: member_name(i),
-        peer_urls: vec![format!("https://{ip}:2380")],
-        client_urls: vec![format!("https://{ip}:2379")],
-        learner: false,
-        status: Some(MemberStatus {
-            leader: 1,
-            raft_term: 2,
-            raft_index: 10,
-            raft_applied_index: 10,
-            db_size: db * MIB,
-            db_size_in_use: in_use * MIB,
-            db_size_quota: 0,
-            revision: 500,
-            version: "3.4.23".into(),
-            errors: vec![],
-            is_learner: false,
-        }),
-        probe_error: None,
-        alarms: vec![],
-    }
-}
-
 /// Space care on, every member 10 MiB of which 9 in use: nothing to do.
 fn world() -> World {
-    World {
-        kcp: kcp(),
-        cluster_name: Some("c".into()),
-        cluster: Some(
-            serde_json::from_value(json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                "metadata": {"name": "c", "namespace": "ns"},
-                "spec": {},
-                "status": {"initialization": {"infrastructureProvisioned": true}}
-            }))
-            .unwrap(),
-        ),
-        machines: (0..3).map(machine).collect(),
-        foreign_machines: vec![],
-        workers: vec![],
-        secrets: settled_secrets(),
-        workload: WorkloadState::Nodes((0..3).map(node).collect()),
-        etcd: EtcdObservation::Observed(MembershipSnapshot {
-            cluster_id: 7,
-            leader: Some(1),
-            members: (0..3).map(|i| member(i, 10, 9)).collect(),
-            listed_by: "https://10.0.0.1:2379".into(),
-            alarms_error: None,
-            foreign_clusters: Vec::new(),
-        }),
-        members_first_seen: Default::default(),
-        leadership_move: None,
-        serving_certs: Default::default(),
-        k3s_serving_certs: Default::default(),
-        etcd_transport: None,
-        orphan_grace: std::time::Duration::from_secs(300),
-        member_missing_grace: std::time::Duration::from_secs(120),
-        etcd_space: SpaceSettings {
+    let mut w = WorldBuilder::new()
+        .three_healthy_servers()
+        .with_annotations(&[(ETCD_QUOTA_ANNOTATION, "100Mi")])
+        .with_etcd_space(SpaceSettings {
             care: true,
             thresholds: Thresholds::default(),
             default_quota: 2 << 30,
-        },
-        etcd_history: None,
-        restored_data: None,
-        etcd_defragmented: Default::default(),
-        now: chrono::Utc::now(),
+        })
+        .build();
+    for i in 0..3 {
+        sized(&mut w, i, 10, 9);
     }
-}
-
-fn settled_secrets() -> k3s_control_plane::lifecycle::SecretsView {
-    use k3s_control_plane::lifecycle::{KubeconfigState, SecretState, SecretsView};
-    let valid = SecretState::Valid { owned: true };
-    SecretsView {
-        server_ca: valid.clone(),
-        client_ca: valid.clone(),
-        etcd_ca: valid.clone(),
-        token: valid,
-        kubeconfig: KubeconfigState::Present {
-            owned: false,
-            client_not_after: None,
-            server: None,
-            problem: None,
-        },
-        ..SecretsView::unobserved("c", chrono::Utc::now())
-    }
+    w
 }
 
 fn snapshot(w: &mut World) -> &mut MembershipSnapshot {

@@ -618,40 +618,18 @@ fn backup_report(world: &World) -> Option<BackupReport> {
 
 #[cfg(test)]
 mod report_tests {
-    use std::net::IpAddr;
-
-    use crate::api::KThreesControlPlane;
-    use crate::api::names::PRE_TERMINATE_HOOK_ANNOTATION;
     use crate::cli::inspect::render_text;
 
     use serde_json::json;
 
     use super::*;
-    use crate::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+    use crate::decision::fixtures::{self, WorldBuilder};
+    use crate::etcd::MemberSnapshot;
     use crate::workload::ControlPlaneNode;
-
-    /// Every cluster Secret there and usable (a control plane brought up before).
-    fn settled_secrets() -> crate::lifecycle::SecretsView {
-        use crate::lifecycle::{KubeconfigState, SecretState};
-        let valid = SecretState::Valid { owned: true };
-        crate::lifecycle::SecretsView {
-            server_ca: valid.clone(),
-            client_ca: valid.clone(),
-            etcd_ca: valid.clone(),
-            token: valid,
-            kubeconfig: KubeconfigState::Present {
-                owned: false,
-                client_not_after: None,
-                server: None,
-                problem: None,
-            },
-            ..crate::lifecycle::SecretsView::unobserved("c", chrono::Utc::now())
-        }
-    }
 
     #[test]
     fn a_lifecycle_step_is_the_next_thing_inspect_shows() {
-        let mut w = world(vec![], vec![], vec![]);
+        let mut w = WorldBuilder::new().running().build();
         w.foreign_machines = vec!["other-cp".into()];
         let report = Report::from_world(&w);
         assert!(report.next.refused);
@@ -672,32 +650,11 @@ mod report_tests {
         assert_eq!(report.next.action.as_deref(), Some("wait-for-workers"));
     }
 
-    /// Three Machines, their Nodes and three healthy members, cp-0 leading.
-    fn three_healthy_servers() -> World {
-        world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-                machine("m2", "cp-2", "10.0.0.3"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
-                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
-            ],
-            vec![
-                member(1, "cp-0-00000001", "10.0.0.1", 1),
-                member(2, "cp-1-00000002", "10.0.0.2", 1),
-                member(3, "cp-2-00000003", "10.0.0.3", 1),
-            ],
-        )
-    }
-
     /// A restore asked for while quorum holds: the refusal is the next
     /// thing, and the `etcd restore:` line says why with the numbers.
     #[test]
     fn a_restore_request_and_its_refusal_are_shown() {
-        let mut w = three_healthy_servers();
+        let mut w = WorldBuilder::new().three_healthy_servers().build();
         assert!(Report::from_world(&w).restore.is_none());
         w.kcp.spec.etcd_backup = serde_json::from_value(json!({"target": {"s3": {
             "endpoint": "minio:9000", "bucket": "b", "credentialsSecret": {"name": "k"}}}}))
@@ -720,7 +677,7 @@ mod report_tests {
 
     #[test]
     fn outdated_machines_and_the_rollouts_next_step_are_shown() {
-        let mut w = three_healthy_servers();
+        let mut w = WorldBuilder::new().three_healthy_servers().build();
         let text = super::super::render::render_text(&Report::from_world(&w));
         assert!(
             text.contains("rollout: none, every machine is up to date (maxSurge 1)"),
@@ -747,127 +704,9 @@ mod report_tests {
         assert_eq!(json["rollout"]["maxSurge"], 1);
     }
 
-    fn kcp() -> KThreesControlPlane {
-        serde_json::from_value(json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta3", "kind": "KThreesControlPlane",
-            "metadata": {"name": "cp", "namespace": "ns", "uid": "u1", "generation": 1,
-                         "finalizers": [crate::api::names::KCP_FINALIZER]},
-            "spec": {
-                "replicas": 3, "version": "v1.30.2+k3s2",
-                "machineTemplate": {"spec": {"infrastructureRef": {
-                    "apiGroup": "infrastructure.cluster.x-k8s.io",
-                    "kind": "DockerMachineTemplate", "name": "t"
-                }}}
-            },
-            "status": {"initialized": true}
-        }))
-        .unwrap()
-    }
-
-    fn machine(name: &str, node: &str, ip: &str) -> Machine {
-        serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z",
-                         "annotations": {PRE_TERMINATE_HOOK_ANNOTATION: ""}},
-            "spec": {
-                "clusterName": "c",
-                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KThreesConfig", "name": name}},
-                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name},
-                "version": "v1.30.2+k3s2"
-            },
-            "status": {"nodeRef": {"name": node}, "addresses": [{"type": "InternalIP", "address": ip}]}
-        }))
-        .unwrap()
-    }
-
-    fn node(name: &str, ip: &str, member: Option<&str>) -> ControlPlaneNode {
-        ControlPlaneNode {
-            name: name.into(),
-            etcd_member_name: member.map(Into::into),
-            etcd_node_address: member.map(|_| ip.into()),
-            etcd_role: member.is_some(),
-            internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
-            addresses: vec![("InternalIP".into(), ip.into())],
-            ready: Some(true),
-            etcd_voter: None,
-            created: None,
-            deleting: false,
-        }
-    }
-
-    fn member(id: u64, name: &str, ip: &str, leader: u64) -> MemberSnapshot {
-        MemberSnapshot {
-            id,
-            name: name.into(),
-            peer_urls: vec![format!("https://{ip}:2380")],
-            client_urls: vec![format!("https://{ip}:2379")],
-            learner: false,
-            status: Some(MemberStatus {
-                leader,
-                raft_term: 2,
-                raft_index: 10,
-                raft_applied_index: 10,
-                db_size: 1,
-                db_size_in_use: 1,
-                db_size_quota: 0,
-                revision: 0,
-                version: "3.4.23".into(),
-                errors: vec![],
-                is_learner: false,
-            }),
-            probe_error: None,
-            alarms: vec![],
-        }
-    }
-
-    fn world(
-        machines: Vec<Machine>,
-        nodes: Vec<ControlPlaneNode>,
-        members: Vec<MemberSnapshot>,
-    ) -> World {
-        World {
-            kcp: kcp(),
-            cluster_name: Some("c".into()),
-            cluster: Some(
-                serde_json::from_value(json!({
-                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                    "metadata": {"name": "c", "namespace": "ns"},
-                    "spec": {},
-                    "status": {"initialization": {"infrastructureProvisioned": true}}
-                }))
-                .unwrap(),
-            ),
-            machines,
-            foreign_machines: vec![],
-            workers: vec![],
-            secrets: settled_secrets(),
-            workload: WorkloadState::Nodes(nodes),
-            etcd: EtcdObservation::Observed(MembershipSnapshot {
-                cluster_id: 7,
-                leader: Some(1),
-                members,
-                listed_by: "https://10.0.0.1:2379".into(),
-                alarms_error: None,
-                foreign_clusters: Vec::new(),
-            }),
-            members_first_seen: Default::default(),
-            leadership_move: None,
-            serving_certs: Default::default(),
-            k3s_serving_certs: Default::default(),
-            etcd_transport: None,
-            orphan_grace: std::time::Duration::from_secs(300),
-            member_missing_grace: std::time::Duration::from_secs(120),
-            etcd_space: Default::default(),
-            etcd_history: None,
-            restored_data: None,
-            etcd_defragmented: Default::default(),
-            now: chrono::Utc::now(),
-        }
-    }
-
     #[test]
     fn each_members_sizes_and_what_space_care_would_do_are_shown() {
-        let mut w = three_healthy_servers();
+        let mut w = WorldBuilder::new().three_healthy_servers().build();
         if let EtcdObservation::Observed(snap) = &mut w.etcd {
             for m in &mut snap.members {
                 let s = m.status.as_mut().unwrap();
@@ -920,26 +759,19 @@ mod report_tests {
     fn member_without_machine_and_machine_without_member_are_counted_and_named() {
         // cp-2 runs k3s --disable-etcd (no member); cp-9's member has no Machine
         // and is down: it still counts as a voter.
-        let mut orphan = member(9, "cp-9-0a0b0c0d", "10.0.0.9", 0);
-        orphan.status = None;
-        orphan.probe_error = Some("connection refused".into());
-        let w = world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-                machine("m2", "cp-2", "10.0.0.3"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
-                node("cp-2", "10.0.0.3", None),
-            ],
-            vec![
-                member(1, "cp-0-00000001", "10.0.0.1", 1),
-                member(2, "cp-1-00000002", "10.0.0.2", 1),
-                orphan,
-            ],
+        let orphan = fixtures::unhealthy(
+            MemberSnapshot {
+                id: 9,
+                name: "cp-9-0a0b0c0d".into(),
+                ..fixtures::member(8)
+            },
+            "connection refused",
         );
+        let w = WorldBuilder::new()
+            .three_healthy_servers()
+            .without_etcd_member("m2")
+            .with_member(orphan)
+            .build();
         let report = Report::from_world(&w);
         assert_eq!(report.members_without_machine, vec!["cp-9-0a0b0c0d"]);
         assert_eq!(report.members_without_machine_count, 1);
@@ -977,17 +809,17 @@ mod report_tests {
     #[test]
     fn ambiguous_membership_is_shown_and_the_controller_refuses() {
         // Two Nodes claim the same member name: nothing may be decided.
-        let w = world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-0-00000001")),
-            ],
-            vec![member(1, "cp-0-00000001", "10.0.0.1", 1)],
-        );
+        let w = WorldBuilder::new()
+            .running()
+            .with_healthy_servers(2)
+            .without_etcd_member("m1")
+            .edit_node("cp-1", |n| {
+                *n = ControlPlaneNode {
+                    etcd_member_name: Some(fixtures::member_name(0)),
+                    ..fixtures::node(1)
+                }
+            })
+            .build();
         let report = Report::from_world(&w);
         assert_eq!(report.ambiguities.len(), 1);
         assert!(report.next.refused);
@@ -1016,26 +848,10 @@ mod report_tests {
     #[test]
     fn summary_lines_reuse_the_report_and_say_when_etcd_is_unknown() {
         use crate::cli::inspect::render_summary;
-        let mut down = member(3, "cp-2-00000003", "10.0.0.3", 0);
-        down.status = None;
-        down.probe_error = Some("connection refused".into());
-        let healthy = world(
-            vec![
-                machine("m0", "cp-0", "10.0.0.1"),
-                machine("m1", "cp-1", "10.0.0.2"),
-                machine("m2", "cp-2", "10.0.0.3"),
-            ],
-            vec![
-                node("cp-0", "10.0.0.1", Some("cp-0-00000001")),
-                node("cp-1", "10.0.0.2", Some("cp-1-00000002")),
-                node("cp-2", "10.0.0.3", Some("cp-2-00000003")),
-            ],
-            vec![
-                member(1, "cp-0-00000001", "10.0.0.1", 1),
-                member(2, "cp-1-00000002", "10.0.0.2", 1),
-                down,
-            ],
-        );
+        let healthy = WorldBuilder::new()
+            .three_healthy_servers()
+            .with_unhealthy_member("m2", "connection refused")
+            .build();
         let report = Report::from_world(&healthy);
         let q = &report.quorum.as_ref().unwrap().status;
         assert_eq!(
@@ -1053,11 +869,12 @@ mod report_tests {
         assert_eq!(row.quorum_margin, Some(0));
         assert_eq!(row.next, report.next.short());
 
-        let mut lost = world(vec![machine("n0", "x-0", "10.0.1.1")], vec![], vec![]);
-        lost.kcp.metadata.name = Some("lost".into());
-        lost.etcd = EtcdObservation::Unreachable {
-            reason: "no control-plane Node with an InternalIP to reach etcd at".into(),
-        };
+        let lost = WorldBuilder::new()
+            .running()
+            .named("lost")
+            .with_machine(fixtures::server_machine(0))
+            .etcd_unreachable("no control-plane Node with an InternalIP to reach etcd at")
+            .build();
         let lost_row = SummaryRow::from_report(&Report::from_world(&lost));
         assert_eq!(lost_row.etcd, "unreachable");
         assert_eq!((lost_row.quorum, lost_row.quorum_margin), (None, None));
@@ -1096,10 +913,11 @@ mod report_tests {
 
     #[test]
     fn unreachable_etcd_has_no_quorum_numbers() {
-        let mut w = world(vec![machine("m0", "cp-0", "10.0.0.1")], vec![], vec![]);
-        w.etcd = EtcdObservation::Unreachable {
-            reason: "no control-plane Node with an InternalIP to reach etcd at".into(),
-        };
+        let w = WorldBuilder::new()
+            .running()
+            .with_machine(fixtures::server_machine(0))
+            .etcd_unreachable("no control-plane Node with an InternalIP to reach etcd at")
+            .build();
         let report = Report::from_world(&w);
         assert!(report.quorum.is_none());
         assert_eq!(report.etcd.state, "unreachable");
