@@ -210,8 +210,8 @@ pub async fn create_machine_born(
         &kcp_name,
     )
     .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
-    // Born in sync (see sync_machines): template metadata on all three objects.
-    let born = super::sync_machines::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
+    // Born in sync (decision::machine_sync): template metadata on all three objects.
+    let born = crate::decision::machine_sync::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
     let labels = born.labels.clone();
 
     let infra_ref = kcp.infrastructure_ref().ok_or_else(|| {
@@ -386,7 +386,7 @@ pub async fn create_machine_born(
             },
             version: Some(kcp.spec.version.clone()),
             failure_domain: pick_failure_domain(world),
-            deletion: super::sync_machines::deletion_timeouts(kcp),
+            deletion: crate::decision::machine_sync::deletion_timeouts(kcp),
             extra: readiness_gates(kcp),
         },
         status: None,

@@ -7,6 +7,7 @@
 pub mod contract_conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
+pub mod machine_sync;
 pub mod events;
 pub mod pace;
 pub mod plan;
