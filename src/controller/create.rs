@@ -211,7 +211,10 @@ pub async fn create_machine_born(
     )
     .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
     // Born in sync (decision::machine_sync): template metadata on all three objects.
-    let born = crate::decision::machine_sync::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
+    let born = crate::decision::machine_sync::born_metadata(
+        kcp,
+        control_plane_labels(&cluster, &kcp_name),
+    );
     let labels = born.labels.clone();
 
     let infra_ref = kcp.infrastructure_ref().ok_or_else(|| {

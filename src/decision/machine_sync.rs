@@ -342,7 +342,6 @@ pub fn deletion_timeouts(kcp: &crate::api::KThreesControlPlane) -> Option<Machin
     (!spec.is_empty()).then_some(spec)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,14 +7,15 @@
 pub mod contract_conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
-pub mod machine_sync;
 pub mod events;
+pub mod machine_sync;
 pub mod pace;
 pub mod plan;
 pub mod record;
 pub mod shard;
 pub mod space;
 pub mod status;
+pub mod step_events;
 pub mod view;
 pub mod world;
 
