@@ -4,6 +4,7 @@
 //! Pure: the controller observes the world and acts on the record; status,
 //! Events, `inspect` and the demo read the same record.
 
+pub mod chain;
 pub mod contract_conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
