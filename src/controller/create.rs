@@ -64,23 +64,6 @@ fn random_suffix() -> String {
         .collect()
 }
 
-/// The failure domain with the fewest live machines (ties: first by name), or
-/// none when the Cluster offers none.
-pub fn pick_failure_domain(world: &World) -> Option<String> {
-    let domains = world.cluster.as_ref()?.control_plane_failure_domains();
-    domains
-        .iter()
-        .min_by_key(|fd| {
-            let count = world
-                .machines
-                .iter()
-                .filter(|m| !m.is_deleting() && m.spec.failure_domain.as_deref() == Some(**fd))
-                .count();
-            (count, fd.to_string())
-        })
-        .map(|fd| fd.to_string())
-}
-
 fn precondition(reason: impl Into<String>) -> Error {
     Error::Precondition {
         step: STEP.into(),
@@ -388,7 +371,10 @@ pub async fn create_machine_born(
                 name: name.clone(),
             },
             version: Some(kcp.spec.version.clone()),
-            failure_domain: pick_failure_domain(world),
+            failure_domain: crate::decision::placement::failure_domain(
+                world.cluster.as_ref(),
+                &world.machines,
+            ),
             deletion: crate::decision::machine_sync::deletion_timeouts(kcp),
             extra: readiness_gates(kcp),
         },

@@ -11,6 +11,7 @@ pub mod etcd_restore;
 pub mod events;
 pub mod machine_sync;
 pub mod pace;
+pub mod placement;
 pub mod plan;
 pub mod record;
 pub mod shard;
