@@ -9,6 +9,7 @@ pub mod contract_conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
 pub mod events;
+pub mod k3s_serving;
 pub mod machine_sync;
 pub mod pace;
 pub mod placement;
