@@ -10,6 +10,7 @@ pub mod etcd_backup;
 pub mod etcd_restore;
 pub mod events;
 pub mod k3s_serving;
+pub mod leadership_move;
 pub mod machine_sync;
 pub mod pace;
 pub mod placement;
