@@ -17,6 +17,7 @@ pub mod placement;
 pub mod plan;
 pub mod record;
 pub mod shard;
+pub mod snapshot_policy;
 pub mod space;
 pub mod status;
 pub mod step_events;
