@@ -16,6 +16,7 @@ pub mod pace;
 pub mod placement;
 pub mod plan;
 pub mod record;
+pub mod restore_finish;
 pub mod shard;
 pub mod snapshot_policy;
 pub mod space;
