@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use tracing::{Instrument, info, instrument, warn};
 
@@ -38,6 +37,7 @@ use super::sync_machines::sync_machines;
 use crate::decision::chain::chained_pass_may_act;
 use crate::decision::pace::{self, Next, Paces};
 use crate::decision::plan::Action;
+use crate::decision::step_events;
 use crate::decision::world::{EtcdObservation, World};
 use crate::decision::{Decision, decide, decide_lifecycle};
 use crate::lifecycle::{DeletionStep, Lifecycle};
@@ -441,21 +441,12 @@ async fn act_on_plan(
         // A write conflict is an ordinary race: observed again, quietly.
         Err(err) if err.is_conflict() => return Err(err),
         Err(err) => {
-            if matches!(
-                &plan.action,
-                Action::Step { removal, .. }
-                    if matches!(removal.kind, crate::remediation::steps::RemovalKind::Remediation { .. })
-            ) {
-                ctx.metrics.remediation("failed");
+            let event =
+                step_events::step_failed_event(Some(&plan.action), &plan.rule, &err.to_string());
+            if let Some(outcome) = event.remediation_outcome {
+                ctx.metrics.remediation(outcome);
             }
-            publish(
-                ctx,
-                kcp,
-                EventType::Warning,
-                "StepFailed",
-                &format!("{} ({})", err, plan.rule),
-            )
-            .await;
+            publish(ctx, kcp, event.type_, event.reason, &event.note).await;
             return Err(err);
         }
     };
@@ -548,14 +539,8 @@ async fn settle_lifecycle(
             // An ordinary race (e.g. with CAPI's owner-reference patch).
             return Err(err);
         }
-        publish(
-            ctx,
-            kcp,
-            EventType::Warning,
-            "StepFailed",
-            &format!("{err} ({rule})"),
-        )
-        .await;
+        let event = step_events::step_failed_event(None, &rule, &err.to_string());
+        publish(ctx, kcp, event.type_, event.reason, &event.note).await;
         return Err(err);
     }
     let next = requeue(pace::after_lifecycle(lifecycle, paces(ctx)));

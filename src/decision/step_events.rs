@@ -1,8 +1,9 @@
 //! Which Event each step gets once it landed: a removal's step (its reason,
 //! its note, the remediation outcome it counts as), the extra Events a rollout
 //! or cluster-api-k3s's hook add to it, an etcd space step's reason and the
-//! member it is about, and a teardown step's reason. Pure: the controller
-//! publishes what these say (docs/operations.md lists every reason).
+//! member it is about, a teardown step's reason; and the Warning of a step
+//! that failed. Pure: the controller publishes what these say
+//! (docs/operations.md lists every reason).
 
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -16,6 +17,7 @@ use crate::remediation::ControlPlaneView;
 use crate::remediation::steps::{Removal, RemovalKind, Step, UPSTREAM_TAKEOVER_RULE};
 use crate::space::SpaceStep;
 
+use super::plan::Action;
 use super::record::DecisionEvent;
 
 fn normal(reason: &'static str, note: String) -> DecisionEvent {
@@ -177,6 +179,28 @@ pub fn upstream_hook_event(
             ))
         }
         _ => None,
+    }
+}
+
+/// The Warning of an action that failed under `rule` with `error`: `action`
+/// is the plan's (`None` for a lifecycle step); a remediation's step that
+/// failed counts as the remediation outcome `failed`.
+pub fn step_failed_event(action: Option<&Action>, rule: &str, error: &str) -> DecisionEvent {
+    let remediation = matches!(
+        action,
+        Some(Action::Step {
+            removal: Removal {
+                kind: RemovalKind::Remediation { .. },
+                ..
+            },
+            ..
+        })
+    );
+    DecisionEvent {
+        type_: EventType::Warning,
+        reason: "StepFailed",
+        note: format!("{error} ({rule})"),
+        remediation_outcome: remediation.then_some("failed"),
     }
 }
 
@@ -581,6 +605,33 @@ mod tests {
                     event.note
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_failed_step_is_a_warning_and_counts_only_for_a_remediation() {
+        let step = |removal: Removal| Action::Step {
+            step: Step::DeleteMachine {
+                machine: removal.machine.clone(),
+            },
+            removal,
+        };
+        let cases = [
+            (
+                "a_remediation_step",
+                Some(step(remediation("m2"))),
+                Some("failed"),
+            ),
+            ("a_scale_down_step", Some(step(scale_down("m2"))), None),
+            ("a_new_machine", Some(Action::CreateMachine), None),
+            ("a_lifecycle_step", None, None),
+        ];
+        for (name, action, outcome) in cases {
+            let event = step_failed_event(action.as_ref(), "some.rule", "denied");
+            assert_eq!(event.type_, EventType::Warning, "{name}");
+            assert_eq!(event.reason, "StepFailed", "{name}");
+            assert_eq!(event.note, "denied (some.rule)", "{name}");
+            assert_eq!(event.remediation_outcome, outcome, "{name}");
         }
     }
 
