@@ -13,14 +13,9 @@ use serde_json::json;
 use tracing::info;
 
 use crate::api::Machine;
-use crate::api::names::{
-    PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION,
-    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, UPSTREAM_PRE_TERMINATE_HOOK_VALUE,
-};
+use crate::api::names::{PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION};
 use crate::etcd::{EtcdCluster, LeaderMove};
-use crate::remediation::steps::{
-    BORN_HOOK_VALUE, Removal, Step, UPSTREAM_TAKEOVER_RULE, hook_value,
-};
+use crate::remediation::steps::{BORN_HOOK_VALUE, Step, UPSTREAM_TAKEOVER_RULE, hook_value};
 use crate::space::SpaceStep;
 
 use super::context::Context;
@@ -29,6 +24,7 @@ use super::error::{Error, Result};
 use super::kcp_metadata::patch_kcp_metadata;
 use super::publish::{machine_ref, publish, publish_about};
 use crate::decision::plan::{Action, Plan};
+use crate::decision::step_events;
 use crate::decision::world::World;
 
 /// What acting did, for status and events.
@@ -269,61 +265,30 @@ pub async fn act(
         }
         Step::Wait { .. } | Step::Done => return Ok(outcome),
     }
-    if plan.rule.starts_with("rollout.remove")
-        && let Some(view) = plan.view.machine(&removal.machine)
+    let related = || Some(machine_ref(&namespace, &removal.machine));
+    if let Some(event) = step_events::rollout_event(&plan.view, &plan.rule, removal) {
+        publish_about(ctx, kcp, event.type_, event.reason, &event.note, related()).await;
+    }
+    if let Some(event) =
+        step_events::upstream_hook_event(world.machine(&removal.machine), &plan.view, removal, step)
     {
-        // One Event per replaced Machine, saying why it is replaced.
-        publish_about(
-            ctx,
-            kcp,
-            EventType::Normal,
-            "RollingOutMachine",
-            &format!(
-                "replacing outdated Machine {}: {} ({})",
-                removal.machine,
-                crate::rollout::describe(&view.outdated_reasons),
-                plan.rule
-            ),
-            Some(machine_ref(&namespace, &removal.machine)),
-        )
-        .await;
+        publish_about(ctx, kcp, event.type_, event.reason, &event.note, related()).await;
+        info!(step = %step_name, machine = %removal.machine, rule = UPSTREAM_TAKEOVER_RULE, "{}", event.note);
     }
-    if let Some((reason, note)) = upstream_hook_note(world, removal, step, plan) {
-        publish_about(
-            ctx,
-            kcp,
-            EventType::Normal,
-            reason,
-            &note,
-            Some(machine_ref(&namespace, &removal.machine)),
-        )
-        .await;
-        info!(step = %step_name, machine = %removal.machine, rule = UPSTREAM_TAKEOVER_RULE, "{note}");
-    }
-    let note = describe(removal, step, plan, outcome.created.as_deref());
+    let event = step_events::removal_step_event(
+        &plan.view,
+        &plan.rule,
+        removal,
+        step,
+        outcome.created.as_deref(),
+    );
     // Related to the Machine being removed, so that every removal's Events form
     // their own series (the recorder folds Events of one reason and related object).
-    publish_about(
-        ctx,
-        kcp,
-        EventType::Normal,
-        event_reason(step),
-        &note,
-        Some(machine_ref(&namespace, &removal.machine)),
-    )
-    .await;
-    // A remediation's outcomes only: scale-down and rollout removals take
-    // the same steps but are no remediation.
-    if matches!(
-        removal.kind,
-        crate::remediation::steps::RemovalKind::Remediation { .. }
-    ) {
-        ctx.metrics.remediation(match step {
-            Step::RecordRemediation { .. } => "started",
-            Step::CreateReplacement { .. } => "completed",
-            _ => "step",
-        });
+    publish_about(ctx, kcp, event.type_, event.reason, &event.note, related()).await;
+    if let Some(outcome) = event.remediation_outcome {
+        ctx.metrics.remediation(outcome);
     }
+    let note = event.note;
     info!(step = %step_name, machine = %removal.machine, "{note}");
     Ok(outcome)
 }
@@ -351,7 +316,7 @@ async fn act_on_space(
         world.cluster_name.as_deref().unwrap_or_default()
     );
     let defragmented = || ctx.defragmented.lock().unwrap_or_else(|p| p.into_inner());
-    let (reason, note) = match step {
+    let note = match step {
         SpaceStep::Defragment { member, .. } => {
             let done = etcd.defragment(*member).await.map_err(failed)?;
             let history_compacted = matches!(&world.etcd_history, Some(Ok(h)) if h.compacted);
@@ -364,10 +329,7 @@ async fn act_on_space(
                 },
             );
             ctx.metrics.etcd_operation("defragment", started.elapsed());
-            (
-                "EtcdDefragmented",
-                format!("defragmented etcd member {} ({rule})", done.describe()),
-            )
+            format!("defragmented etcd member {} ({rule})", done.describe())
         }
         SpaceStep::MoveLeader { from, label } => {
             let moved = etcd.move_leader_for_space(*from).await.map_err(failed)?;
@@ -378,12 +340,9 @@ async fn act_on_space(
                     leader.clone().unwrap_or_else(|| "none".into())
                 }
             };
-            (
-                "EtcdLeadershipMoved",
-                format!(
-                    "moved etcd leadership from {label} to {to}, so that {label} can be defragmented: {} ({rule})",
-                    plan.message
-                ),
+            format!(
+                "moved etcd leadership from {label} to {to}, so that {label} can be defragmented: {} ({rule})",
+                plan.message
             )
         }
         SpaceStep::Compact { .. } => {
@@ -401,10 +360,7 @@ async fn act_on_space(
                     done.revision, done.via, done.elapsed_ms
                 )
             };
-            (
-                "EtcdCompacted",
-                format!("{what}: {} ({rule})", plan.message),
-            )
+            format!("{what}: {} ({rule})", plan.message)
         }
         SpaceStep::DisarmNospace => {
             let quota = crate::decision::space::configured_quota(world);
@@ -414,94 +370,30 @@ async fn act_on_space(
                 .map_err(failed)?;
             ctx.metrics
                 .etcd_operation("disarm_nospace", started.elapsed());
-            (
-                "EtcdAlarmDisarmed",
-                format!(
-                    "disarmed NOSPACE on {}: {} ({rule})",
-                    if done.members.is_empty() {
-                        "no member (none had it any more)".to_string()
-                    } else {
-                        done.members.join(", ")
-                    },
-                    done.room
-                ),
+            format!(
+                "disarmed NOSPACE on {}: {} ({rule})",
+                if done.members.is_empty() {
+                    "no member (none had it any more)".to_string()
+                } else {
+                    done.members.join(", ")
+                },
+                done.room
             )
         }
     };
     ctx.metrics.etcd_space_step(step.name());
     info!(step = %name, "{note}");
-    // About a member's Machine, when it has one, so that each member's
-    // step is an Event of its own (the recorder folds Events of one reason
-    // and related object into one series).
-    let member = match step {
-        SpaceStep::Defragment { member, .. } => Some(*member),
-        SpaceStep::MoveLeader { from, .. } => Some(*from),
-        SpaceStep::Compact { .. } | SpaceStep::DisarmNospace => None,
-    };
-    let related = member
+    // About a member's Machine, when it has one.
+    let related = step_events::space_step_member(step)
         .and_then(|id| {
             plan.mapping
                 .as_ref()
                 .and_then(|m| m.pairs.iter().find(|p| p.member.id == id))
         })
         .map(|p| machine_ref(&world.kcp.namespace().unwrap_or_default(), &p.machine));
+    let reason = step_events::space_step_reason(step);
     publish_about(ctx, &world.kcp, EventType::Normal, reason, &note, related).await;
     Ok(())
-}
-
-/// cluster-api-k3s's hook (its key with its value) is on `machine` as observed.
-fn upstream_hook_on(world: &World, machine: &str) -> bool {
-    world
-        .machine(machine)
-        .and_then(|m| m.metadata.annotations.as_ref())
-        .is_some_and(crate::decision::view::has_upstream_hook)
-}
-
-/// The Event (reason, note) saying that a step took over or released
-/// cluster-api-k3s's hook, if it did.
-fn upstream_hook_note(
-    world: &World,
-    removal: &Removal,
-    step: &Step,
-    plan: &Plan,
-) -> Option<(&'static str, String)> {
-    let machine = &removal.machine;
-    if !upstream_hook_on(world, machine) {
-        return None;
-    }
-    let member = |id: Option<u64>| match id {
-        Some(id) => format!("etcd member {id:016x}"),
-        None => "no etcd member".to_string(),
-    };
-    let hook =
-        format!("{UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION}={UPSTREAM_PRE_TERMINATE_HOOK_VALUE}");
-    match step {
-        Step::AddHook { member: id, .. }
-            if world.machine(machine).is_some_and(|m| m.is_deleting()) =>
-        {
-            Some((
-                "UpstreamHookTakenOver",
-                format!(
-                    "taking over Machine {machine}, left deleting by cluster-api-k3s with its hook {hook}: {} per the etcd membership; our hook now guards it until that member is gone ({UPSTREAM_TAKEOVER_RULE})",
-                    member(*id)
-                ),
-            ))
-        }
-        Step::ReleaseHook { .. } => {
-            let id = plan.view.machine(machine).and_then(|m| m.hook_member);
-            Some((
-                "UpstreamHookReleased",
-                format!(
-                    "released cluster-api-k3s's hook {hook} on Machine {machine} together with ours: {} is not in the etcd membership ({UPSTREAM_TAKEOVER_RULE})",
-                    match id {
-                        Some(id) => format!("its etcd member {id:016x}"),
-                        None => "its etcd member".to_string(),
-                    }
-                ),
-            ))
-        }
-        _ => None,
-    }
 }
 
 /// The resourceVersion of `machine` as observed (null when it was not: the
@@ -527,54 +419,4 @@ pub(super) fn require_etcd(
             world.cluster_name.as_deref().unwrap_or("<cluster>"),
         ),
     })
-}
-
-fn event_reason(step: &Step) -> &'static str {
-    match step {
-        Step::RecordRemediation { .. } => "RemediationStarted",
-        Step::AddHook { .. } => "PreTerminateHookAdded",
-        Step::RecordHookMember { .. } => "EtcdMemberRecorded",
-        Step::MoveLeadership { .. } => "EtcdLeadershipMoveStarted",
-        Step::DeleteMachine { .. } => "MachineDeleting",
-        Step::RemoveMember { .. } => "EtcdMemberRemoved",
-        Step::ReleaseHook { .. } => "PreTerminateHookReleased",
-        Step::CreateReplacement { .. } => "ReplacementCreated",
-        Step::ClearRemediationInProgress => "RemediationCompleted",
-        Step::Wait { .. } => "Waiting",
-        Step::Done => "Done",
-    }
-}
-
-fn describe(removal: &Removal, step: &Step, plan: &Plan, created: Option<&str>) -> String {
-    let member_name = |id: u64| {
-        plan.view
-            .membership()
-            .and_then(|m| m.member(id))
-            .map(|m| m.label())
-            .unwrap_or_else(|| format!("{id:016x}"))
-    };
-    match step {
-        Step::MoveLeadership { from, to } => format!(
-            "moving etcd leadership from {} to {} (removing {}); confirmed on a later pass",
-            member_name(*from),
-            member_name(*to),
-            removal.machine
-        ),
-        Step::RemoveMember {
-            member, assessment, ..
-        } => {
-            format!(
-                "removed etcd member {} of {}: {assessment}",
-                member_name(*member),
-                removal.machine
-            )
-        }
-        Step::CreateReplacement { remediation_for } => format!(
-            "created Machine {} to replace {} (retry {})",
-            created.unwrap_or("?"),
-            remediation_for.machine,
-            remediation_for.retry_count
-        ),
-        _ => format!("{}: {step} ({})", removal.machine, plan.rule),
-    }
 }

@@ -166,7 +166,14 @@ async fn apply_deletion(
     }
     let note = format!("{trigger}: {}", step.message());
     info!(step = step.name(), "{note}");
-    publish(ctx, kcp, EventType::Normal, deletion_reason(step), &note).await;
+    publish(
+        ctx,
+        kcp,
+        EventType::Normal,
+        crate::decision::step_events::deletion_step_reason(step),
+        &note,
+    )
+    .await;
     Ok(())
 }
 
@@ -178,14 +185,5 @@ fn write_secret_name(write: &SecretWrite, cluster: &str) -> String {
         SecretWrite::CreateKubeconfig | SecretWrite::RotateKubeconfig { .. } => {
             format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
         }
-    }
-}
-
-fn deletion_reason(step: &DeletionStep) -> &'static str {
-    match step {
-        DeletionStep::DeleteMachines { .. } => "DeletingControlPlaneMachines",
-        DeletionStep::ReleaseHooks { .. } => "PreTerminateHookReleased",
-        DeletionStep::RemoveFinalizer => "ControlPlaneDeleted",
-        _ => "Deleting",
     }
 }

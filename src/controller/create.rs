@@ -64,23 +64,6 @@ fn random_suffix() -> String {
         .collect()
 }
 
-/// The failure domain with the fewest live machines (ties: first by name), or
-/// none when the Cluster offers none.
-pub fn pick_failure_domain(world: &World) -> Option<String> {
-    let domains = world.cluster.as_ref()?.control_plane_failure_domains();
-    domains
-        .iter()
-        .min_by_key(|fd| {
-            let count = world
-                .machines
-                .iter()
-                .filter(|m| !m.is_deleting() && m.spec.failure_domain.as_deref() == Some(**fd))
-                .count();
-            (count, fd.to_string())
-        })
-        .map(|fd| fd.to_string())
-}
-
 fn precondition(reason: impl Into<String>) -> Error {
     Error::Precondition {
         step: STEP.into(),
@@ -210,8 +193,11 @@ pub async fn create_machine_born(
         &kcp_name,
     )
     .map_err(|e| precondition(format!("{object}: spec.machineNaming.template: {e}")))?;
-    // Born in sync (see sync_machines): template metadata on all three objects.
-    let born = super::sync_machines::born_metadata(kcp, control_plane_labels(&cluster, &kcp_name));
+    // Born in sync (decision::machine_sync): template metadata on all three objects.
+    let born = crate::decision::machine_sync::born_metadata(
+        kcp,
+        control_plane_labels(&cluster, &kcp_name),
+    );
     let labels = born.labels.clone();
 
     let infra_ref = kcp.infrastructure_ref().ok_or_else(|| {
@@ -385,8 +371,11 @@ pub async fn create_machine_born(
                 name: name.clone(),
             },
             version: Some(kcp.spec.version.clone()),
-            failure_domain: pick_failure_domain(world),
-            deletion: super::sync_machines::deletion_timeouts(kcp),
+            failure_domain: crate::decision::placement::failure_domain(
+                world.cluster.as_ref(),
+                &world.machines,
+            ),
+            deletion: crate::decision::machine_sync::deletion_timeouts(kcp),
             extra: readiness_gates(kcp),
         },
         status: None,

@@ -19,7 +19,7 @@ use tracing::info;
 
 use crate::api::names::{
     CLUSTER_NAME_LABEL, CLUSTER_SECRET_TYPE, ETCD_RESTORE_ACCEPTED_ANNOTATION,
-    ETCD_RESTORE_ANNOTATION, ETCD_RESTORE_FORCE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION,
+    ETCD_RESTORE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION,
     EXCLUDE_WAIT_FOR_VOLUME_DETACH_ANNOTATION,
 };
 use crate::api::{KThreesControlPlane, Machine};
@@ -29,6 +29,7 @@ use crate::backup::restore_boot::{
 use crate::backup::{self, BackupError, S3Config, TargetConfig};
 use crate::decision::etcd_restore::{Attempt, RestoreOutcome, RestoreStep, record};
 use crate::decision::plan::Plan;
+use crate::decision::restore_finish::annotations_cleared;
 use crate::decision::world::World;
 
 use super::context::Context;
@@ -357,22 +358,11 @@ async fn finish(
         unreachable!("finish is called with the Finish step");
     };
     let kcp = &world.kcp;
-    let annotations = kcp.annotations();
-    let mut clear = serde_json::Map::new();
-    clear.insert(
-        ETCD_RESTORE_ACCEPTED_ANNOTATION.into(),
-        serde_json::Value::Null,
-    );
-    // A request for another snapshot, made meanwhile, stays: it is decided
-    // on its own (refused while quorum holds).
-    if annotations.get(ETCD_RESTORE_ANNOTATION).map(|s| s.trim()) == Some(attempt.snapshot.as_str())
-    {
-        clear.insert(ETCD_RESTORE_ANNOTATION.into(), serde_json::Value::Null);
-        clear.insert(
-            ETCD_RESTORE_FORCE_ANNOTATION.into(),
-            serde_json::Value::Null,
-        );
-    }
+    let clear: serde_json::Map<String, serde_json::Value> =
+        annotations_cleared(kcp.annotations(), attempt)
+            .into_iter()
+            .map(|key| (key.to_string(), serde_json::Value::Null))
+            .collect();
     patch_kcp_metadata(ctx, kcp, json!({ "annotations": clear }), true)
         .await
         .map_err(act_err("etcd-restore: clear the request".into()))?;

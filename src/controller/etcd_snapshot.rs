@@ -22,9 +22,10 @@ use crate::api::etcd_backup::{
     SnapshotPurpose, SnapshotRecord,
 };
 use crate::api::names::ETCD_SNAPSHOT_WAIVED_ANNOTATION;
-use crate::backup::{self, S3Config, SnapshotName, TargetConfig};
+use crate::backup::{self, S3Config, TargetConfig};
 use crate::decision::etcd_backup::{SnapshotOutcome, purpose_text};
 use crate::decision::plan::Plan;
+use crate::decision::snapshot_policy;
 use crate::decision::world::World;
 use crate::etcd::EtcdCluster;
 
@@ -59,10 +60,7 @@ pub async fn take(
     let source = membership
         .member(from)
         .ok_or_else(|| precondition(&format!("member {from:016x} is not in the membership")))?;
-    let node = crate::membership::node_of_member_name(&source.name)
-        .unwrap_or(&source.name)
-        .to_string();
-    let name = SnapshotName::ours(backup_reason(purpose), &node, world.now.into())
+    let name = snapshot_policy::snapshot_name(purpose, &source.name, world.now)
         .map_err(|e| precondition(&e.to_string()))?;
     let kcp = &world.kcp;
     let started = Instant::now();
@@ -80,7 +78,12 @@ pub async fn take(
         )
         .await
         .map_err(|e| e.to_string())?;
-        let pruned = backup::prune(&target, &retention(backup), world.now.into()).await;
+        let pruned = backup::prune(
+            &target,
+            &snapshot_policy::retention(backup),
+            world.now.into(),
+        )
+        .await;
         Ok::<_, String>((saved, pruned, target.describe()))
     }
     .await;
@@ -141,23 +144,6 @@ pub async fn take(
                 message,
             }))
         }
-    }
-}
-
-fn backup_reason(purpose: SnapshotPurpose) -> backup::SnapshotReason {
-    match purpose {
-        SnapshotPurpose::BeforeRemoval => backup::SnapshotReason::BeforeRemoval,
-        SnapshotPurpose::Scheduled => backup::SnapshotReason::Scheduled,
-    }
-}
-
-fn retention(backup: &EtcdBackup) -> backup::Retention {
-    backup::Retention {
-        count: Some(backup.retention_count()),
-        max_age: backup
-            .retention
-            .max_age_seconds
-            .map(|s| std::time::Duration::from_secs(s.max(0) as u64)),
     }
 }
 

@@ -24,7 +24,7 @@ use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::etcd_pool::{EtcdCaPem, PoolKey, TransportMode};
-use super::k3s_serving;
+use crate::decision::k3s_serving;
 use crate::decision::world::{EtcdObservation, WorkloadState, World};
 
 /// The Cluster that owns `kcp`: its owner reference of kind Cluster, else the
@@ -472,12 +472,7 @@ fn observe_k3s_serving(ctx: &Context, world: &mut World, objects: &ClusterSecret
         .collect();
     ctx.k3s_serving.retain(&cluster, &present);
     world.k3s_serving_certs = ctx.k3s_serving.found(&cluster);
-    // Through port-forward the nodes are not routable from here.
-    if world
-        .etcd_transport
-        .as_deref()
-        .is_some_and(|t| t.starts_with("port-forward"))
-    {
+    if !k3s_serving::nodes_reachable(world.etcd_transport.as_deref()) {
         return;
     }
     let WorkloadState::Nodes(nodes) = &world.workload else {

@@ -14,10 +14,9 @@
 //! snapshot of its own pass.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use tracing::{Instrument, info, instrument, warn};
 
@@ -35,7 +34,10 @@ use super::publish::publish;
 
 use super::status::{write_kcp_status, write_kcp_status_after, write_machine_conditions};
 use super::sync_machines::sync_machines;
-use crate::decision::plan::{Action, Refusal};
+use crate::decision::chain::chained_pass_may_act;
+use crate::decision::pace::{self, Next, Paces};
+use crate::decision::plan::Action;
+use crate::decision::step_events;
 use crate::decision::world::{EtcdObservation, World};
 use crate::decision::{Decision, decide, decide_lifecycle};
 use crate::lifecycle::{DeletionStep, Lifecycle};
@@ -138,7 +140,7 @@ async fn reconcile_inner(cached: &KThreesControlPlane, ctx: &Context) -> Result<
                 ctx.metrics.chained_steps.inc();
                 let Some(fresh) = get_kcp(&kcps, &current).await? else {
                     // Deleted meanwhile: the next reconcile finds it gone.
-                    return Ok(Requeue::requeue(Duration::from_millis(200)));
+                    return Ok(Requeue::requeue(pace::SOON));
                 };
                 current = fresh;
                 observed =
@@ -269,12 +271,21 @@ async fn decide_and_act(
     continuing: Option<&str>,
     previous: Option<WorkloadObservation>,
 ) -> Result<Pass> {
-    let chain_ends = || Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))));
+    let chain_ends = || Ok(Pass::Done(Requeue::requeue(pace::SOON)));
+    let chain_stops = |decision: &Decision| {
+        continuing.is_some_and(|machine| {
+            !chained_pass_may_act(
+                machine,
+                decision.acts(),
+                decision.planned().map(|p| &p.action),
+            )
+        })
+    };
     let lifecycle = decide_lifecycle(&world);
     if !matches!(lifecycle, Lifecycle::Proceed { .. }) {
         // The workload is not looked at: the record is the lifecycle's.
         let decision = decide(&world, lifecycle);
-        if continuing.is_some() && decision.acts() {
+        if chain_stops(&decision) {
             return chain_ends();
         }
         if decision.acts()
@@ -319,10 +330,7 @@ async fn decide_and_act(
     world.leadership_move = super::etcd_leader_move::observe(ctx, &world).await;
     let decision = decide(&world, lifecycle);
     record_etcd_space(ctx, &world, decision.etcd_space.as_ref());
-    if let (Some(machine), Some(plan)) = (continuing, decision.planned())
-        && decision.acts()
-        && !matches!(&plan.action, Action::Step { removal, .. } if removal.machine == machine)
-    {
+    if chain_stops(&decision) {
         return chain_ends();
     }
     if reused
@@ -387,10 +395,10 @@ async fn act_on_plan(
         if changed {
             warn!(rule = refusal.rule(), %refusal, "refusing to act");
         }
-        return Ok(Pass::Done(match refusal {
-            Refusal::Invalid(_) => Requeue::await_change(),
-            _ => Requeue::requeue(ctx.settings.wait_requeue),
-        }));
+        return Ok(Pass::Done(requeue(pace::after_refusal(
+            refusal,
+            paces(ctx),
+        ))));
     }
 
     // Conditions first: they must say why, also when acting fails.
@@ -433,21 +441,12 @@ async fn act_on_plan(
         // A write conflict is an ordinary race: observed again, quietly.
         Err(err) if err.is_conflict() => return Err(err),
         Err(err) => {
-            if matches!(
-                &plan.action,
-                Action::Step { removal, .. }
-                    if matches!(removal.kind, crate::remediation::steps::RemovalKind::Remediation { .. })
-            ) {
-                ctx.metrics.remediation("failed");
+            let event =
+                step_events::step_failed_event(Some(&plan.action), &plan.rule, &err.to_string());
+            if let Some(outcome) = event.remediation_outcome {
+                ctx.metrics.remediation(outcome);
             }
-            publish(
-                ctx,
-                kcp,
-                EventType::Warning,
-                "StepFailed",
-                &format!("{} ({})", err, plan.rule),
-            )
-            .await;
+            publish(ctx, kcp, event.type_, event.reason, &event.note).await;
             return Err(err);
         }
     };
@@ -480,6 +479,7 @@ async fn act_on_plan(
         return Err(Error::Restore(message));
     }
 
+    let next = requeue(pace::after_plan(&plan.action, &plan.rule, paces(ctx)));
     match &plan.action {
         Action::Wait => {
             // An expected wait: INFO once per change of the status, DEBUG after.
@@ -488,29 +488,25 @@ async fn act_on_plan(
             } else {
                 tracing::debug!(rule = %plan.rule, "{}", plan.message);
             }
-            Ok(Pass::Done(Requeue::requeue(
-                crate::decision::pace::wait_pace(ctx.settings.wait_requeue, &plan.rule),
-            )))
+            Ok(Pass::Done(next))
         }
-        Action::Idle => Ok(Pass::Done(Requeue::requeue(ctx.settings.idle_requeue))),
         Action::Step { removal, .. } => {
             let machine = removal.machine.clone();
             let workload = (!plan.action.changes_etcd())
                 .then(|| Box::new(WorkloadObservation::of(world, handle)));
             Ok(Pass::Stepped {
-                requeue: Requeue::requeue(Duration::from_millis(200)),
+                requeue: next,
                 machine,
                 workload,
             })
         }
-        Action::CreateMachine
+        Action::Idle
+        | Action::CreateMachine
         | Action::AddHooks { .. }
         | Action::RemoveOrphan { .. }
         | Action::EtcdSpace { .. }
         | Action::EtcdSnapshot { .. }
-        | Action::EtcdRestore { .. } => {
-            Ok(Pass::Done(Requeue::requeue(Duration::from_millis(200))))
-        }
+        | Action::EtcdRestore { .. } => Ok(Pass::Done(next)),
     }
 }
 
@@ -543,16 +539,11 @@ async fn settle_lifecycle(
             // An ordinary race (e.g. with CAPI's owner-reference patch).
             return Err(err);
         }
-        publish(
-            ctx,
-            kcp,
-            EventType::Warning,
-            "StepFailed",
-            &format!("{err} ({rule})"),
-        )
-        .await;
+        let event = step_events::step_failed_event(None, &rule, &err.to_string());
+        publish(ctx, kcp, event.type_, event.reason, &event.note).await;
         return Err(err);
     }
+    let next = requeue(pace::after_lifecycle(lifecycle, paces(ctx)));
     let gone = matches!(
         lifecycle,
         Lifecycle::Delete {
@@ -565,7 +556,7 @@ async fn settle_lifecycle(
         if let Some(cluster) = &world.cluster_name {
             ctx.forget_cluster(&kcp.namespace().unwrap_or_default(), cluster);
         }
-        return Ok(Requeue::await_change());
+        return Ok(next);
     }
     let changed = kcp.status.as_ref() != Some(&decision.status);
     write_kcp_status_after(
@@ -579,17 +570,23 @@ async fn settle_lifecycle(
     if changed {
         info!(rule = %rule, "{}", decision.message());
     }
-    let soon = Duration::from_millis(200);
-    Ok(match lifecycle {
-        Lifecycle::Paused { .. } => Requeue::await_change(),
-        Lifecycle::AddFinalizer => Requeue::requeue(soon),
-        Lifecycle::Secrets { plan } if plan.blocked.is_none() => Requeue::requeue(soon),
-        Lifecycle::Delete {
-            step: DeletionStep::DeleteMachines { .. } | DeletionStep::ReleaseHooks { .. },
-            ..
-        } => Requeue::requeue(soon),
-        _ => Requeue::requeue(ctx.settings.wait_requeue),
-    })
+    Ok(next)
+}
+
+/// The paces `run` was configured with.
+fn paces(ctx: &Context) -> Paces {
+    Paces {
+        wait: ctx.settings.wait_requeue,
+        idle: ctx.settings.idle_requeue,
+    }
+}
+
+/// kube-runtime's requeue for when [`pace`] says to look again.
+fn requeue(next: Next) -> Requeue {
+    match next {
+        Next::OnChange => Requeue::await_change(),
+        Next::After(delay) => Requeue::requeue(delay),
+    }
 }
 
 /// The quorum gauges of this world's cluster: the numbers `status.etcd`

@@ -1,7 +1,86 @@
-//! How soon a waiting plan is looked at again, from the rule that made it
-//! wait. Pure.
+//! How soon a control plane is looked at again after a pass: soon after a
+//! step (its effect is there to be observed), at the configured pace while
+//! waiting (sooner for waits that pass within a heartbeat or a second), at
+//! the idle pace when there is nothing to do, and only on a change when
+//! nothing but a person or another controller can move it on. Pure.
 
 use std::time::Duration;
+
+use crate::lifecycle::{DeletionStep, Lifecycle};
+
+use super::plan::{Action, Refusal};
+
+/// When a control plane is looked at again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Only when it, its Cluster or one of its Machines changes.
+    OnChange,
+    /// After this long (or at a change before).
+    After(Duration),
+}
+
+/// How soon after a step: its effect is observable at once.
+pub const SOON: Duration = Duration::from_millis(200);
+
+/// The paces `run` was configured with (`--wait-requeue`, `--idle-requeue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paces {
+    pub wait: Duration,
+    pub idle: Duration,
+}
+
+/// After a plan's `action`, taken or waited on under `rule`.
+pub fn after_plan(action: &Action, rule: &str, paces: Paces) -> Next {
+    match action {
+        Action::Wait => Next::After(wait_pace(paces.wait, rule)),
+        Action::Idle => Next::After(paces.idle),
+        Action::Step { .. }
+        | Action::CreateMachine
+        | Action::AddHooks { .. }
+        | Action::RemoveOrphan { .. }
+        | Action::EtcdSpace { .. }
+        | Action::EtcdSnapshot { .. }
+        | Action::EtcdRestore { .. } => Next::After(SOON),
+    }
+}
+
+/// After a refusal to decide: an invalid spec waits for the person to change
+/// it; anything else (the view, an ambiguous membership, no Cluster yet) may
+/// pass by itself, so it is looked at again at the wait pace.
+pub fn after_refusal(refusal: &Refusal, paces: Paces) -> Next {
+    match refusal {
+        Refusal::Invalid(_) => Next::OnChange,
+        Refusal::View(_) | Refusal::AmbiguousMembership(_) | Refusal::NoCluster => {
+            Next::After(paces.wait)
+        }
+    }
+}
+
+/// After a lifecycle decision that stopped the pass before remediation and
+/// scaling: a paused control plane waits for the change that unpauses it,
+/// and a removed finalizer leaves nothing to look at; a lifecycle step that
+/// acted is followed soon by the next; a wait (for the Cluster, for workers
+/// or Machines to go, for a broken Secret to be fixed) at the wait pace.
+pub fn after_lifecycle(lifecycle: &Lifecycle, paces: Paces) -> Next {
+    match lifecycle {
+        Lifecycle::Paused { .. }
+        | Lifecycle::Delete {
+            step: DeletionStep::RemoveFinalizer,
+            ..
+        } => Next::OnChange,
+        Lifecycle::AddFinalizer
+        | Lifecycle::Delete {
+            step: DeletionStep::DeleteMachines { .. } | DeletionStep::ReleaseHooks { .. },
+            ..
+        } => Next::After(SOON),
+        Lifecycle::Secrets { plan } if plan.blocked.is_none() => Next::After(SOON),
+        Lifecycle::Secrets { .. }
+        | Lifecycle::Delete { .. }
+        | Lifecycle::WaitForCluster { .. }
+        | Lifecycle::MixedManagement { .. }
+        | Lifecycle::Proceed { .. } => Next::After(paces.wait),
+    }
+}
 
 /// How soon a wait under `rule` is looked at again, `configured` being
 /// `run`'s pace for waits: a leadership move under way is confirmed within
@@ -28,6 +107,178 @@ pub fn wait_pace(configured: Duration, rule: &str) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::SecretPlan;
+    use crate::remediation::steps::{Removal, RemovalKind, Step};
+
+    const PACES: Paces = Paces {
+        wait: Duration::from_secs(10),
+        idle: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn after_a_plan_a_step_is_followed_soon_a_wait_at_its_pace_and_idle_at_the_idle_pace() {
+        let step = Action::Step {
+            removal: Removal {
+                machine: "m1".into(),
+                kind: RemovalKind::ScaleDown,
+            },
+            step: Step::DeleteMachine {
+                machine: "m1".into(),
+            },
+        };
+        let cases = [
+            ("a_removal_step", step, "scale-down.remove", SOON),
+            (
+                "a_new_machine",
+                Action::CreateMachine,
+                "scale-up.create",
+                SOON,
+            ),
+            (
+                "hooks_added",
+                Action::AddHooks {
+                    machines: vec!["m1".into()],
+                },
+                "hooks.add",
+                SOON,
+            ),
+            (
+                "a_wait_at_the_configured_pace",
+                Action::Wait,
+                "scale-up.node-not-ready",
+                PACES.wait,
+            ),
+            (
+                "a_wait_for_a_learner_every_second",
+                Action::Wait,
+                "scale-up.etcd-learner",
+                Duration::from_secs(1),
+            ),
+            ("nothing_to_do", Action::Idle, "idle", PACES.idle),
+        ];
+        for (name, action, rule, after) in cases {
+            assert_eq!(
+                after_plan(&action, rule, PACES),
+                Next::After(after),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_refusal_only_an_invalid_spec_waits_for_a_change() {
+        let cases = [
+            (
+                "an_invalid_spec",
+                Refusal::Invalid(crate::api::validate::ValidationErrors(vec![])),
+                Next::OnChange,
+            ),
+            (
+                "an_ambiguous_membership",
+                Refusal::AmbiguousMembership("two members on one node".into()),
+                Next::After(PACES.wait),
+            ),
+            (
+                "no_cluster_yet",
+                Refusal::NoCluster,
+                Next::After(PACES.wait),
+            ),
+        ];
+        for (name, refusal, next) in cases {
+            assert_eq!(after_refusal(&refusal, PACES), next, "{name}");
+        }
+    }
+
+    #[test]
+    fn after_a_lifecycle_decision_each_is_looked_at_again_at_its_pace() {
+        let secrets = |blocked: Option<&str>| SecretPlan {
+            writes: vec![],
+            blocked: blocked.map(str::to_string),
+            certificates_available: false,
+            kubeconfig_pending: None,
+        };
+        let delete = |step| Lifecycle::Delete {
+            step,
+            trigger: "KThreesControlPlane deleted".into(),
+        };
+        let machines = vec!["m1".to_string()];
+        let cases = [
+            (
+                "paused",
+                Lifecycle::Paused {
+                    by: "Cluster".into(),
+                },
+                Next::OnChange,
+            ),
+            (
+                "finalizer_removed",
+                delete(DeletionStep::RemoveFinalizer),
+                Next::OnChange,
+            ),
+            (
+                "finalizer_added",
+                Lifecycle::AddFinalizer,
+                Next::After(SOON),
+            ),
+            (
+                "secrets_written",
+                Lifecycle::Secrets {
+                    plan: secrets(None),
+                },
+                Next::After(SOON),
+            ),
+            (
+                "a_secret_unusable",
+                Lifecycle::Secrets {
+                    plan: secrets(Some("Secret ns/c-ca[tls.key]")),
+                },
+                Next::After(PACES.wait),
+            ),
+            (
+                "machines_deleted",
+                delete(DeletionStep::DeleteMachines {
+                    machines: machines.clone(),
+                }),
+                Next::After(SOON),
+            ),
+            (
+                "hooks_released",
+                delete(DeletionStep::ReleaseHooks {
+                    machines: machines.clone(),
+                }),
+                Next::After(SOON),
+            ),
+            (
+                "waiting_for_workers",
+                delete(DeletionStep::WaitForWorkers {
+                    workers: vec!["w1".into()],
+                }),
+                Next::After(PACES.wait),
+            ),
+            (
+                "waiting_for_machines",
+                delete(DeletionStep::WaitForMachines { machines }),
+                Next::After(PACES.wait),
+            ),
+            (
+                "waiting_for_the_cluster",
+                Lifecycle::WaitForCluster {
+                    reason: "no infrastructure".into(),
+                },
+                Next::After(PACES.wait),
+            ),
+            (
+                "mixed_management",
+                Lifecycle::MixedManagement {
+                    foreign: vec!["x1".into()],
+                },
+                Next::After(PACES.wait),
+            ),
+        ];
+        for (name, lifecycle, next) in cases {
+            assert_eq!(after_lifecycle(&lifecycle, PACES), next, "{name}");
+        }
+    }
 
     #[test]
     fn each_wait_is_looked_at_again_at_its_own_pace() {

@@ -620,7 +620,7 @@ impl Sandbox {
         );
         super::k3s_supervisor::SupervisorPort::serve(
             member.ip,
-            crate::controller::k3s_serving::DEFAULT_PORT,
+            crate::decision::k3s_serving::DEFAULT_PORT,
             &cert,
         )
         .await

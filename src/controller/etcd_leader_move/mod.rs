@@ -13,6 +13,7 @@ use std::sync::Arc;
 use kube::runtime::events::EventType;
 use tracing::info;
 
+use crate::decision::leadership_move;
 use crate::decision::world::{EtcdObservation, LeadershipMove, World};
 use crate::etcd::EtcdCluster;
 
@@ -30,22 +31,18 @@ fn cluster_key(world: &World) -> String {
 }
 
 /// The move under way on `world`'s cluster, as its snapshot shows it: one
-/// whose target no longer leads, in a cluster that has settled on its new
-/// leader (every voter it needs follows it: none reports "no leader" or
-/// fails a linearizable read, as right after a handover), is confirmed here
-/// (an Event about the Machine with the time it took, the metric) and
+/// that came through ([`leadership_move::confirmed_leader`]) is confirmed
+/// here (an Event about the Machine with the time it took, the metric) and
 /// forgotten. Until then the removal waits, as a move in flight.
 pub async fn observe(ctx: &Context, world: &World) -> Option<LeadershipMove> {
     let key = cluster_key(world);
     let (moving, started) = ctx.leadership_moves.get(&key)?;
-    let EtcdObservation::Observed(snapshot) = &world.etcd else {
+    let (Some(leader), EtcdObservation::Observed(snapshot)) = (
+        leadership_move::confirmed_leader(&moving, &world.etcd),
+        &world.etcd,
+    ) else {
         return Some(moving);
     };
-    let leader = snapshot.leader.filter(|l| *l != 0);
-    let settled = snapshot.assess_cluster().has_quorum();
-    if leader.is_none() || leader == Some(moving.from) || !settled {
-        return Some(moving);
-    }
     ctx.leadership_moves.forget(&key, &moving);
     let took = started.elapsed();
     ctx.metrics.etcd_operation("move_leader", took);
@@ -57,7 +54,7 @@ pub async fn observe(ctx: &Context, world: &World) -> Option<LeadershipMove> {
     let note = format!(
         "moved etcd leadership from {} to {} (removing {}), confirmed after {} ms",
         label(moving.from),
-        leader.map_or_else(String::new, label),
+        label(leader),
         moving.machine,
         took.as_millis()
     );
@@ -90,15 +87,8 @@ pub fn start(
     to: u64,
 ) {
     let timeouts = etcd.timeouts();
-    let deadline = chrono::Duration::from_std(timeouts.move_leader() + timeouts.confirmation())
-        .unwrap_or(chrono::Duration::MAX);
-    let moving = LeadershipMove {
-        machine: machine.to_string(),
-        from,
-        to,
-        started: world.now,
-        deadline: world.now + deadline,
-    };
+    let allowed = timeouts.move_leader() + timeouts.confirmation();
+    let moving = leadership_move::started(machine, from, to, world.now, allowed);
     let key = cluster_key(world);
     ctx.leadership_moves.insert(&key, moving.clone());
     let moves = ctx.leadership_moves.clone();
