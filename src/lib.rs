@@ -7,7 +7,7 @@
 //! - [`etcd`]: mutual-TLS connections to each member, membership snapshot, operations.
 //! - [`membership`]: pure mapping of etcd members to Machines and Nodes.
 //! - [`quorum`]: pure safety arithmetic on the real membership.
-//! - [`space`]: pure rule on etcd's backend space (defragment, compact, disarm NOSPACE).
+//! - [`space_rule`]: pure rule on etcd's backend space (defragment, compact, disarm NOSPACE).
 //! - [`api`]: our CRDs, the CAPI and bootstrap types we read and write, validation.
 //! - [`workload`]: access to a workload cluster (kubeconfig and etcd CA Secrets, Nodes).
 //! - [`pki`]: pure generation of the cluster Secrets (CAs, join token, admin kubeconfig).
@@ -40,7 +40,7 @@ pub mod pki;
 pub mod quorum;
 pub mod remediation;
 pub mod rollout;
-pub mod space;
+pub mod space_rule;
 pub mod webhook;
 pub mod workload;
 pub mod yaml;

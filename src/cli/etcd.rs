@@ -17,7 +17,7 @@ use crate::etcd::{
     MembershipSnapshot, Removal, SafeRemoval, TlsError, Transport,
 };
 use crate::quorum::Assessment;
-use crate::space::{ConfiguredQuota, Thresholds, bytes, parse_quota};
+use crate::space_rule::{ConfiguredQuota, Thresholds, bytes, parse_quota};
 
 #[derive(Debug, clap::Args)]
 pub struct EtcdArgs {

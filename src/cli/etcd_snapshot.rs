@@ -20,7 +20,7 @@ use crate::backup::{
     StoredSnapshot, Target, TargetConfig, prune, save, verify_stored,
 };
 use crate::etcd::{EtcdCluster, EtcdError, snapshot_source};
-use crate::space::bytes;
+use crate::space_rule::bytes;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SnapshotCommand {

@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::api::KThreesControlPlane;
 use crate::api::names::{ETCD_RESTORE_ANNOTATION, ETCD_RESTORE_FORCE_ANNOTATION};
 use crate::controller::observe::observe;
-use crate::decision::etcd_restore::{RestoreDecision, RestoreStep, decide, is_under_way};
+use crate::decision::etcd_restore::{RestoreDecision, RestoreStep, decide_restore, is_under_way};
 
 use super::inspect::{init_quiet_logging, parse_target, read_only_context};
 use super::run::management_client;
@@ -109,7 +109,7 @@ async fn execute(args: &RestoreArgs) -> Result<String, RestoreCliError> {
     let annotations = world.kcp.metadata.annotations.get_or_insert_default();
     annotations.insert(ETCD_RESTORE_ANNOTATION.into(), args.snapshot.clone());
     annotations.insert(ETCD_RESTORE_FORCE_ANNOTATION.into(), args.force.to_string());
-    let why = match decide(&world) {
+    let why = match decide_restore(&world) {
         Some(RestoreDecision::Step {
             step: RestoreStep::Accept { .. },
             message,

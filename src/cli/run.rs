@@ -132,15 +132,15 @@ pub struct EtcdSpaceArgs {
     /// report theirs (etcd < 3.6): bytes, or with Ki, Mi, Gi. k3s sets none,
     /// so etcd's 2Gi applies; a control plane's annotation
     /// controlplane.cluster.x-k8s.io/etcd-quota-backend-bytes overrides it.
-    #[arg(long, default_value = "2Gi", value_parser = crate::space::parse_quota)]
+    #[arg(long, default_value = "2Gi", value_parser = crate::space_rule::parse_quota)]
     pub etcd_quota_backend_bytes: u64,
 }
 
 impl EtcdSpaceArgs {
-    pub fn settings(&self) -> crate::space::SpaceSettings {
-        crate::space::SpaceSettings {
+    pub fn settings(&self) -> crate::space_rule::SpaceSettings {
+        crate::space_rule::SpaceSettings {
             care: self.etcd_space_care,
-            thresholds: crate::space::Thresholds {
+            thresholds: crate::space_rule::Thresholds {
                 fragmentation: self.etcd_defrag_fragmentation,
                 quota_fraction: self.etcd_defrag_quota_fraction,
                 headroom: self.etcd_space_headroom,
@@ -477,8 +477,8 @@ mod tests {
         let args = parse(&[]).unwrap();
         let space = args.etcd_space.settings();
         assert!(!space.care);
-        assert_eq!(space.default_quota, crate::space::DEFAULT_QUOTA_BYTES);
-        assert_eq!(space.thresholds, crate::space::Thresholds::default());
+        assert_eq!(space.default_quota, crate::space_rule::DEFAULT_QUOTA_BYTES);
+        assert_eq!(space.thresholds, crate::space_rule::Thresholds::default());
         assert_eq!(args.etcd_defrag_timeout, Duration::from_secs(300));
         let args = parse(&[
             "--etcd-space-care",
@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(space.default_quota, 8 << 30);
         assert_eq!(
             space.thresholds,
-            crate::space::Thresholds {
+            crate::space_rule::Thresholds {
                 fragmentation: 0.3,
                 quota_fraction: 0.25,
                 headroom: 0.2,

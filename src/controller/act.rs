@@ -16,7 +16,7 @@ use crate::api::Machine;
 use crate::api::names::{PRE_TERMINATE_HOOK_ANNOTATION, REMEDIATION_IN_PROGRESS_ANNOTATION};
 use crate::etcd::{EtcdCluster, LeaderMove};
 use crate::remediation::steps::{BORN_HOOK_VALUE, Step, UPSTREAM_TAKEOVER_RULE, hook_value};
-use crate::space::SpaceStep;
+use crate::space_rule::SpaceStep;
 
 use super::context::Context;
 use super::create::create_machine;
@@ -323,7 +323,7 @@ async fn act_on_space(
             defragmented().record(
                 &cluster,
                 *member,
-                crate::space::Defragmentation {
+                crate::space_rule::Defragmentation {
                     revision: done.revision,
                     history_compacted,
                 },
@@ -363,7 +363,7 @@ async fn act_on_space(
             format!("{what}: {} ({rule})", plan.message)
         }
         SpaceStep::DisarmNospace => {
-            let quota = crate::decision::space::configured_quota(world);
+            let quota = crate::decision::etcd_space::configured_quota(world);
             let done = etcd
                 .disarm_nospace(&quota, &world.etcd_space.thresholds)
                 .await

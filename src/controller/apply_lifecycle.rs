@@ -1,4 +1,4 @@
-//! Act on a lifecycle decision ([`crate::lifecycle::decide`]): the finalizer,
+//! Act on a lifecycle decision ([`crate::lifecycle::decide_lifecycle_step`]): the finalizer,
 //! the cluster Secrets, and teardown. Every write is idempotent and guarded:
 //! metadata writes carry the resourceVersion read (a 409 means observe again),
 //! deletions carry the uid read.

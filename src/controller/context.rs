@@ -56,7 +56,7 @@ pub struct Settings {
     pub max_chained_steps: u32,
     /// `run --etcd-space-care` (off by default), its thresholds and
     /// `--etcd-quota-backend-bytes`.
-    pub etcd_space: crate::space::SpaceSettings,
+    pub etcd_space: crate::space_rule::SpaceSettings,
 }
 
 impl Default for Settings {
@@ -75,7 +75,7 @@ impl Default for Settings {
             concurrency: 10,
             max_chained_steps: 8,
             secret_refresh: Duration::from_secs(30 * 60),
-            etcd_space: crate::space::SpaceSettings::default(),
+            etcd_space: crate::space_rule::SpaceSettings::default(),
         }
     }
 }

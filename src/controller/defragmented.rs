@@ -1,12 +1,12 @@
 //! Which etcd members this process defragmented, and at which revision, per
 //! workload cluster (kept in the [`super::Context`]). The space rule judges a
 //! member unable to shrink only from sizes a defragmentation measured
-//! ([`crate::space::MemberSpace::measured`]): etcd's `dbSizeInUse` is only as
+//! ([`crate::space_rule::MemberSpace::measured`]): etcd's `dbSizeInUse` is only as
 //! fresh as the member's last backend commit.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::space::Defragmentation;
+use crate::space_rule::Defragmentation;
 
 /// Member id -> what we measured when we defragmented it, per cluster
 /// (`namespace/cluster`).

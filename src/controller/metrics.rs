@@ -312,7 +312,7 @@ impl Metrics {
     /// The space of `cluster`'s etcd as this reconcile's decision record
     /// has it; `None` (etcd not read) removes its series, and a member no
     /// longer listed loses its own.
-    pub fn etcd_space(&self, cluster: &str, space: Option<&crate::space::ClusterSpace>) {
+    pub fn etcd_space(&self, cluster: &str, space: Option<&crate::space_rule::ClusterSpace>) {
         let mut known = self.space_members.lock().unwrap_or_else(|p| p.into_inner());
         let previous = known.remove(cluster).unwrap_or_default();
         let labels = |member: &str| MemberLabels {
@@ -630,19 +630,23 @@ mod tests {
         assert!(!t.contains("k3scp_etcd_quorum_margin{"), "{t}");
     }
 
-    fn space(members: &[(&str, Option<(u64, u64)>)], nospace: bool) -> crate::space::ClusterSpace {
-        crate::space::ClusterSpace {
+    fn space(
+        members: &[(&str, Option<(u64, u64)>)],
+        nospace: bool,
+    ) -> crate::space_rule::ClusterSpace {
+        crate::space_rule::ClusterSpace {
             members: members
                 .iter()
                 .enumerate()
-                .map(|(i, (label, sizes))| crate::space::MemberSpace {
+                .map(|(i, (label, sizes))| crate::space_rule::MemberSpace {
                     id: i as u64 + 1,
                     label: label.to_string(),
                     leader: i == 0,
                     learner: false,
-                    sizes: sizes.map(|(db_size, in_use)| crate::space::Sizes { db_size, in_use }),
+                    sizes: sizes
+                        .map(|(db_size, in_use)| crate::space_rule::Sizes { db_size, in_use }),
                     quota: Some(2 << 30),
-                    quota_source: crate::space::QuotaSource::Default,
+                    quota_source: crate::space_rule::QuotaSource::Default,
                     problem: None,
                     nospace: false,
                     measured: false,

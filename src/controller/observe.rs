@@ -373,9 +373,9 @@ pub struct WorkloadObservation {
     workload: WorkloadState,
     etcd: EtcdObservation,
     etcd_transport: Option<String>,
-    etcd_history: Option<Result<crate::space::History, String>>,
+    etcd_history: Option<Result<crate::space_rule::History, String>>,
     restored_data: Option<crate::decision::world::RestoredData>,
-    etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
+    etcd_defragmented: std::collections::BTreeMap<u64, crate::space_rule::Defragmentation>,
     members_first_seen: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     serving_certs: std::collections::BTreeMap<u64, chrono::DateTime<chrono::Utc>>,
     k3s_serving_certs: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
@@ -750,7 +750,7 @@ async fn read_workload(
     world.etcd = etcd;
     // Whether the history is compacted: read only when the space rule needs it.
     world.etcd_history = None;
-    if crate::decision::space::needs_history(world)
+    if crate::decision::etcd_space::needs_history(world)
         && let (Some(handle), EtcdObservation::Observed(snapshot)) = (&handle, &world.etcd)
     {
         world.etcd_history = Some(handle.history(snapshot).await.map_err(|e| e.to_string()));

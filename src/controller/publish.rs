@@ -1,5 +1,5 @@
 //! Publishing Kubernetes Events about a KThreesControlPlane (best effort).
-//! Which type and reason a wait gets is decided in [`super::events`].
+//! Which type and reason a wait gets is decided in [`crate::decision::events`].
 
 use kube::Resource;
 use kube::runtime::events::{Event, EventType};

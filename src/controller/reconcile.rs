@@ -1,5 +1,5 @@
 //! One reconcile of a KThreesControlPlane, as a named pipeline:
-//! observe -> validate + decide (pure, [`plan`]) -> act (one step) -> status.
+//! observe -> validate + decide (pure, [`crate::decision::plan`]) -> act (one step) -> status.
 //!
 //! When that one step was a step of a removal (a remediation or scale-down)
 //! and it landed, the pipeline runs again at once on a fresh read, up to
@@ -606,7 +606,7 @@ fn record_etcd_quorum(ctx: &Context, world: &World) {
 fn record_etcd_space(
     ctx: &Context,
     world: &World,
-    space: Option<&crate::decision::space::EtcdSpace>,
+    space: Option<&crate::decision::etcd_space::EtcdSpace>,
 ) {
     if let Some(cluster) = &world.cluster_name {
         let namespace = world.kcp.namespace().unwrap_or_default();

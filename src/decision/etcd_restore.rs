@@ -344,7 +344,7 @@ fn holds_our_hook(machine: &Machine) -> bool {
 
 /// What the restore rule says, `None` when no restore was asked for (the
 /// reconcile goes on as usual).
-pub fn decide(world: &World) -> Option<RestoreDecision> {
+pub fn decide_restore(world: &World) -> Option<RestoreDecision> {
     match accepted(world) {
         Some(Ok(attempt)) => under_way(world, &attempt),
         Some(Err(why)) => refused(
@@ -1138,7 +1138,7 @@ mod tests {
             ),
         ];
         for (name, w, expected) in cases {
-            let got = decide(&w);
+            let got = decide_restore(&w);
             match (expected, &got) {
                 (None, None) => {}
                 (Some((rule, part)), Some(d)) => {
@@ -1165,7 +1165,7 @@ mod tests {
                 machine("m2", &[HOOK], true, Some("cp-2")),
             ])
             .build();
-        let Some(RestoreDecision::Step { step, .. }) = decide(&w) else {
+        let Some(RestoreDecision::Step { step, .. }) = decide_restore(&w) else {
             panic!("an acceptance")
         };
         // The acceptance records every Machine there, deleting ones too:
@@ -1183,7 +1183,7 @@ mod tests {
             .with_machines(vec![restore_machine("r1", false, Some("r1"))])
             .edit(|w| w.restored_data = marker(Ok(true)))
             .build();
-        let Some(RestoreDecision::Step { step, .. }) = decide(&w) else {
+        let Some(RestoreDecision::Step { step, .. }) = decide_restore(&w) else {
             panic!("a step")
         };
         assert_eq!(

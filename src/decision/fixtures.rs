@@ -420,7 +420,7 @@ impl WorldBuilder {
     }
 
     /// `run --etcd-space-care` and its thresholds.
-    pub fn with_etcd_space(mut self, settings: crate::space::SpaceSettings) -> Self {
+    pub fn with_etcd_space(mut self, settings: crate::space_rule::SpaceSettings) -> Self {
         self.world.etcd_space = settings;
         self
     }

@@ -8,6 +8,7 @@ pub mod chain;
 pub mod conditions;
 pub mod etcd_backup;
 pub mod etcd_restore;
+pub mod etcd_space;
 pub mod events;
 #[cfg(any(test, feature = "sandbox"))]
 pub mod fixtures;
@@ -22,7 +23,6 @@ pub mod replicas;
 pub mod restore_finish;
 pub mod shard;
 pub mod snapshot_policy;
-pub mod space;
 pub mod status;
 pub mod step_events;
 pub mod view;

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::api::ValidationErrors;
 use crate::api::validate_kcp;
 use crate::membership::MembershipMap;
-use crate::remediation::decide::{Decision, Outcome, decide};
+use crate::remediation::decide::{Outcome, RemediationDecision, decide_remediation};
 use crate::remediation::model::ControlPlaneView;
 use crate::remediation::orphans::{OrphanDecision, OrphanInput, decide_orphans};
 use crate::remediation::scale_down::{
@@ -22,7 +22,7 @@ use crate::remediation::scale_down::{
 use crate::remediation::steps::{Removal, RemovalKind, Step, next_step, resume};
 use crate::rollout::preflight;
 use crate::rollout::{RolloutDecision, RolloutStep, decide_rollout};
-use crate::space::SpaceDecision;
+use crate::space_rule::SpaceDecision;
 
 use super::view::{ViewError, control_plane_view, mapping};
 use super::world::World;
@@ -47,7 +47,7 @@ pub enum Action {
         assessment: crate::quorum::Assessment,
     },
     /// One step on etcd's space (`run --etcd-space-care`).
-    EtcdSpace { step: crate::space::SpaceStep },
+    EtcdSpace { step: crate::space_rule::SpaceStep },
     /// Save a verified etcd snapshot, streamed from member `from`, to the
     /// target of `spec.etcdBackup`: before removing `before_removal_of`, or
     /// as the schedule asks.
@@ -143,7 +143,7 @@ pub struct Plan {
     pub mapping: Option<MembershipMap>,
     /// The MHC remediation decision (its conditions are written even when
     /// another action runs).
-    pub remediation: Decision,
+    pub remediation: RemediationDecision,
     /// The ghost/orphan member rule's verdict (also when it waits).
     pub orphans: OrphanDecision,
     pub action: Action,
@@ -191,7 +191,7 @@ pub fn plan(world: &World) -> Result<Plan, Refusal> {
     let observed = super::view::observed_expiries(world, mapping.as_ref());
     let outdated =
         crate::rollout::outdated_machines(&desired, &world.machines, &observed, world.now);
-    let space = super::space::etcd_space(world);
+    let space = super::etcd_space::etcd_space(world);
     plan_on(world, mapping, &outdated, space.as_ref())
 }
 
@@ -201,7 +201,7 @@ pub fn plan_on(
     world: &World,
     mapping: Option<MembershipMap>,
     outdated: &crate::rollout::OutdatedMachines,
-    space: Option<&super::space::EtcdSpace>,
+    space: Option<&super::etcd_space::EtcdSpace>,
 ) -> Result<Plan, Refusal> {
     validate_kcp(&world.kcp).map_err(Refusal::Invalid)?;
     let machine_versions: Vec<(&str, Option<&str>)> = world
@@ -230,7 +230,7 @@ pub fn plan_on(
     }
     // A restore a person asked for comes before everything else: it does not
     // need the membership mapped (the membership is what was lost).
-    let restore = super::etcd_restore::decide(world);
+    let restore = super::etcd_restore::decide_restore(world);
     if let Some(m) = &mapping
         && !m.ambiguities.is_empty()
         && restore.is_none()
@@ -239,7 +239,7 @@ pub fn plan_on(
         return Err(Refusal::AmbiguousMembership(list.join("; ")));
     }
     let view = control_plane_view(world, mapping.as_ref(), outdated).map_err(Refusal::View)?;
-    let remediation = decide(&view, world.now);
+    let remediation = decide_remediation(&view, world.now);
     let orphans = decide_orphans(&view, &orphan_input(world, mapping.as_ref()), world.now);
     if let Some(restore) = restore {
         let (rule, message) = (restore.rule(), restore.message().to_string());
@@ -433,7 +433,7 @@ fn space_action(space: &SpaceDecision) -> Option<(Action, String, String)> {
 
 fn choose(
     view: &ControlPlaneView,
-    remediation: &Decision,
+    remediation: &RemediationDecision,
     orphans: &OrphanDecision,
     space: Option<&SpaceDecision>,
     max_surge: u32,
@@ -727,7 +727,7 @@ mod etcd_snapshot_needs {
             (Action::CreateMachine, (true, false)),
             (
                 Action::EtcdSpace {
-                    step: crate::space::SpaceStep::Defragment {
+                    step: crate::space_rule::SpaceStep::Defragment {
                         member: 1,
                         label: "m1".into(),
                     },
@@ -736,7 +736,7 @@ mod etcd_snapshot_needs {
             ),
             (
                 Action::EtcdSpace {
-                    step: crate::space::SpaceStep::DisarmNospace,
+                    step: crate::space_rule::SpaceStep::DisarmNospace,
                 },
                 (true, true),
             ),

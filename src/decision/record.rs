@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 
 use crate::api::RemediationData;
 use crate::api::kcp::KThreesControlPlaneStatus;
-use crate::lifecycle::{CaPurpose, Lifecycle, decide as decide_lifecycle_view, plan_secrets};
+use crate::lifecycle::{CaPurpose, Lifecycle, decide_lifecycle_step, plan_secrets};
 use crate::membership::MembershipMap;
 use crate::rollout::certificates::{Expiry, annotation_to_write, expiries};
 use crate::rollout::{Desired, OutdatedMachines, outdated_machines};
@@ -59,7 +59,7 @@ pub struct Decision {
     /// etcd's space: every member's sizes against its quota and, with
     /// `run --etcd-space-care`, the space rule's verdict (absent while etcd
     /// is not observed).
-    pub etcd_space: Option<super::space::EtcdSpace>,
+    pub etcd_space: Option<super::etcd_space::EtcdSpace>,
 }
 
 /// The Event a decision publishes when the status it implies is new.
@@ -77,7 +77,7 @@ pub struct DecisionEvent {
 /// deleted control plane still goes.
 pub fn decide_lifecycle(world: &World) -> Lifecycle {
     if world.cluster_name.is_some() || world.kcp.metadata.deletion_timestamp.is_some() {
-        decide_lifecycle_view(&lifecycle_view(world))
+        decide_lifecycle_step(&lifecycle_view(world))
     } else {
         Lifecycle::Proceed {
             secrets: plan_secrets(&world.secrets),
@@ -93,7 +93,7 @@ pub fn decide(world: &World, lifecycle: Lifecycle) -> Decision {
     let certificates = expiries(&world.machines, &observed);
     let outdated = outdated_machines(&desired, &world.machines, &observed, world.now);
     let replicas = replicas(world, &outdated);
-    let etcd_space = super::space::etcd_space(world);
+    let etcd_space = super::etcd_space::etcd_space(world);
     let plan = matches!(lifecycle, Lifecycle::Proceed { .. })
         .then(|| plan_on(world, mapping.clone(), &outdated, etcd_space.as_ref()));
     let mut status = kcp_status(

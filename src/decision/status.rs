@@ -31,7 +31,7 @@ pub fn kcp_status(
     lifecycle: &Lifecycle,
     plan: Option<std::result::Result<&Plan, &Refusal>>,
     counts: &Replicas,
-    space: Option<&super::space::EtcdSpace>,
+    space: Option<&super::etcd_space::EtcdSpace>,
 ) -> KThreesControlPlaneStatus {
     let kcp = &world.kcp;
     let generation = kcp.metadata.generation;

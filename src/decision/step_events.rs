@@ -15,7 +15,7 @@ use crate::api::names::{
 use crate::lifecycle::DeletionStep;
 use crate::remediation::ControlPlaneView;
 use crate::remediation::steps::{Removal, RemovalKind, Step, UPSTREAM_TAKEOVER_RULE};
-use crate::space::SpaceStep;
+use crate::space_rule::SpaceStep;
 
 use super::plan::Action;
 use super::record::DecisionEvent;

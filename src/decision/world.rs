@@ -72,16 +72,16 @@ pub struct World {
     /// before that counts as an unhealthy member (a restart rejoining).
     pub member_missing_grace: std::time::Duration,
     /// `run --etcd-space-care` and its thresholds, the default quota.
-    pub etcd_space: crate::space::SpaceSettings,
+    pub etcd_space: crate::space_rule::SpaceSettings,
     /// Whether the history is compacted to the current revision, read only
-    /// when the space rule needs it ([`super::space::needs_history`]).
-    pub etcd_history: Option<Result<crate::space::History, String>>,
+    /// when the space rule needs it ([`super::etcd_space::needs_history`]).
+    pub etcd_history: Option<Result<crate::space_rule::History, String>>,
     /// Whether a restored member holds the snapshot's data, read only while
     /// a restore Machine is waited for ([`super::etcd_restore::marker_to_read`]).
     pub restored_data: Option<RestoredData>,
     /// The members this process defragmented, with the revision each
-    /// reported right after ([`crate::space::MemberSpace::measured`]).
-    pub etcd_defragmented: std::collections::BTreeMap<u64, crate::space::Defragmentation>,
+    /// reported right after ([`crate::space_rule::MemberSpace::measured`]).
+    pub etcd_defragmented: std::collections::BTreeMap<u64, crate::space_rule::Defragmentation>,
     pub now: DateTime<Utc>,
 }
 

@@ -134,7 +134,7 @@ pub enum EtcdError {
     QuorumLost { assessment: Box<Assessment> },
 
     /// An operation refused by its guard, with the numbers that refused it:
-    /// a step on etcd's space ([`crate::space`]), or a snapshot from a
+    /// a step on etcd's space ([`crate::space_rule`]), or a snapshot from a
     /// member that is not a healthy voter ([`super::save`]).
     #[error("refusing to {action}: {reason}")]
     OperationRefused { action: String, reason: String },

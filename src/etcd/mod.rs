@@ -12,7 +12,7 @@
 //! - [`serving_certs`]: each member's serving certificate expiry, from our handshakes.
 //! - [`save`]: stream a snapshot from one healthy voter, verified on the fly.
 //! - [`keys`]: whether one key exists (the restore rule's check).
-//! - [`space`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space`].
+//! - [`space_ops`]: defragment, compact, disarm NOSPACE, guarded by [`crate::space_rule`].
 //! - [`error`]: [`EtcdError`], classified so it tells the user what is wrong.
 
 pub mod client;
@@ -24,7 +24,7 @@ pub mod save;
 pub mod serving_certs;
 pub mod snapshot;
 pub mod snapshot_verify;
-pub mod space;
+pub mod space_ops;
 pub mod tls;
 pub mod transport;
 
@@ -36,6 +36,6 @@ pub use save::{SaveSnapshotError, SnapshotSink, StreamedSnapshot, snapshot_sourc
 pub use snapshot::{
     ForeignCluster, MemberSnapshot, MemberStatus, MembershipSnapshot, parse_member_id,
 };
-pub use space::{Compacted, Defragmented, Disarmed};
+pub use space_ops::{Compacted, Defragmented, Disarmed};
 pub use tls::{ClientCertMinter, ClientCertSource, ClientIdentity, ClientTls, ServerCa, TlsError};
 pub use transport::{EtcdEndpoint, Transport};

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::quorum::{self, Assessment, MemberView};
-use crate::space::{ClusterSpace, ConfiguredQuota, MemberSpace, QuotaSource, Sizes};
+use crate::space_rule::{ClusterSpace, ConfiguredQuota, MemberSpace, QuotaSource, Sizes};
 
 /// What a member's own endpoint answered to `Status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -5,6 +5,7 @@
 
 pub mod bringup;
 pub mod capi_sim;
+pub mod defrag_sampler;
 pub mod etcd;
 pub mod etcd_binary;
 pub mod infra_sim;
@@ -17,7 +18,6 @@ pub mod restore_record;
 pub mod rollout;
 pub mod s3;
 pub mod sandbox;
-pub mod space;
 pub mod topology_sim;
 
 pub use etcd::{EtcdTestCluster, EtcdTestClusterBuilder, HarnessError, TestMember};

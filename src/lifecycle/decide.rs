@@ -116,7 +116,7 @@ impl Lifecycle {
 }
 
 /// Decide this reconcile's lifecycle step.
-pub fn decide(view: &LifecycleView) -> Lifecycle {
+pub fn decide_lifecycle_step(view: &LifecycleView) -> Lifecycle {
     let (cluster_deleting, cluster_paused, infrastructure) = match &view.cluster {
         ClusterState::Missing => (false, false, false),
         ClusterState::Present {
@@ -338,14 +338,14 @@ mod tests {
             ),
         ];
         for (situation, view, rule) in cases {
-            let decision = decide(&view);
+            let decision = decide_lifecycle_step(&view);
             assert_eq!(decision.rule(), rule, "{situation}: {decision:?}");
         }
     }
 
     #[test]
     fn mixed_management_names_the_machines() {
-        let decision = decide(&with(|v| {
+        let decision = decide_lifecycle_step(&with(|v| {
             v.foreign_machines = vec!["z-cp".into(), "a-cp".into()]
         }));
         assert_eq!(
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn secrets_are_written_before_anything_else_is_decided() {
-        let decision = decide(&with(|v| {
+        let decision = decide_lifecycle_step(&with(|v| {
             v.secrets.token = SecretState::Missing;
             v.foreign_machines = vec!["other".into()];
         }));

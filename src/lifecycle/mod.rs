@@ -16,7 +16,7 @@ pub mod decide;
 pub mod deletion;
 pub mod secrets;
 
-pub use decide::{ClusterState, Lifecycle, LifecycleView, OwnedMachine, decide};
+pub use decide::{ClusterState, Lifecycle, LifecycleView, OwnedMachine, decide_lifecycle_step};
 pub use deletion::{DeletionStep, DeletionView, decide_deletion};
 pub use secrets::{
     CaPurpose, KubeconfigState, SecretPlan, SecretState, SecretWrite, SecretsView, plan_secrets,

@@ -1,7 +1,7 @@
 //! MHC remediation: which machine, whether now, and why (DESIGN section 2).
 //!
-//! Pure: [`decide`] reads a [`ControlPlaneView`] and a time, and returns a
-//! [`Decision`] naming the rule that fired with a message carrying the numbers.
+//! Pure: [`decide_remediation`] reads a [`ControlPlaneView`] and a time, and returns a
+//! [`RemediationDecision`] naming the rule that fired with a message carrying the numbers.
 //! The rules are CAPI KubeadmControlPlane's (v1.10, with v1.13's safety checks),
 //! on the real etcd membership instead of "every control-plane node is an etcd
 //! member".
@@ -152,7 +152,7 @@ pub enum Outcome {
 
 /// The full decision of one reconcile.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub struct RemediationDecision {
     /// Machines whose stale `OwnerRemediated=False` is to be removed.
     pub cleanup_owner_remediated: Vec<String>,
     /// The `remediation-in-progress` annotation is stale and is to be removed.
@@ -172,7 +172,7 @@ pub struct ConditionValue {
     pub message: String,
 }
 
-impl Decision {
+impl RemediationDecision {
     /// The picked machine, if any.
     pub fn machine(&self) -> Option<&str> {
         match &self.outcome {
@@ -220,7 +220,7 @@ impl Decision {
 }
 
 /// Decide MHC remediation for `view` at time `now`.
-pub fn decide(view: &ControlPlaneView, now: DateTime<Utc>) -> Decision {
+pub fn decide_remediation(view: &ControlPlaneView, now: DateTime<Utc>) -> RemediationDecision {
     let cleanup_owner_remediated = view
         .machines
         .iter()
@@ -235,7 +235,7 @@ pub fn decide(view: &ControlPlaneView, now: DateTime<Utc>) -> Decision {
             .any(|m| data.timestamp.is_none_or(|t| m.created > t))
     });
     let (rule, outcome, message) = decide_outcome(view, now, clear_stale_in_progress);
-    Decision {
+    RemediationDecision {
         cleanup_owner_remediated,
         clear_stale_in_progress,
         rule,

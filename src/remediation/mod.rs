@@ -2,7 +2,7 @@
 //!
 //! The controller observes the world into a [`model::ControlPlaneView`], then:
 //! - MHC remediation: if the KCP carries a non-stale `remediation-in-progress`,
-//!   it resumes that removal with [`steps::next_step`]; otherwise [`decide::decide`]
+//!   it resumes that removal with [`steps::next_step`]; otherwise [`decide::decide_remediation`]
 //!   picks a machine and a rule, and a `Remediate` outcome starts a removal;
 //! - scale-down: [`scale_down::decide_scale_down`] picks the machine and runs the
 //!   same preflight and quorum checks, then the same steps (without recording or
@@ -19,7 +19,7 @@ pub mod retry;
 pub mod scale_down;
 pub mod steps;
 
-pub use decide::{Decision, Outcome, Remediate, Rule, decide};
+pub use decide::{Outcome, Remediate, RemediationDecision, Rule, decide_remediation};
 pub use model::{
     ControlPlaneView, EtcdState, MachineView, Membership, RemediationData, RemediationStrategy,
 };

@@ -46,18 +46,18 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
     );
     m.etcd_space(
         "ns/c",
-        Some(&k3s_control_plane::space::ClusterSpace {
-            members: vec![k3s_control_plane::space::MemberSpace {
+        Some(&k3s_control_plane::space_rule::ClusterSpace {
+            members: vec![k3s_control_plane::space_rule::MemberSpace {
                 id: 1,
                 label: "cp-0".into(),
                 leader: true,
                 learner: false,
-                sizes: Some(k3s_control_plane::space::Sizes {
+                sizes: Some(k3s_control_plane::space_rule::Sizes {
                     db_size: 4096,
                     in_use: 1024,
                 }),
                 quota: Some(2 << 30),
-                quota_source: k3s_control_plane::space::QuotaSource::Default,
+                quota_source: k3s_control_plane::space_rule::QuotaSource::Default,
                 problem: None,
                 nospace: false,
                 measured: false,

@@ -5,7 +5,7 @@
 use std::process::Output;
 
 use k3s_control_plane::harness::EtcdTestCluster;
-use k3s_control_plane::harness::space::one_at_a_time;
+use k3s_control_plane::harness::defrag_sampler::one_at_a_time;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_k3s-control-plane");

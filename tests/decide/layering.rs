@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// Floors, lowest first. A module may import its own floor's modules' types
 /// only where listed in `SAME_FLOOR`, and any lower floor.
 const FLOORS: &[&[&str]] = &[
-    &["api", "quorum", "space"],
+    &["api", "quorum", "space_rule"],
     &["pki", "etcd", "membership", "lifecycle"],
     &["workload", "remediation", "rollout", "backup"],
     &["decision"],
@@ -360,7 +360,7 @@ fn the_checks_find_a_circle_and_an_upward_import() {
 /// The controller observes and acts; these never wait on anything.
 const PURE: &[&str] = &[
     "quorum",
-    "space",
+    "space_rule",
     "membership",
     "lifecycle",
     "remediation",

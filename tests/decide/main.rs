@@ -6,10 +6,10 @@
 //!
 //! Run one area with a name filter, e.g. `cargo test --test decide -- rollout::`.
 
+mod etcd_space;
 mod layering;
 mod remediation;
 mod remediation_scale_down;
 mod remediation_steps;
 mod rollout;
-mod space;
 mod watch_filter;

@@ -59,8 +59,8 @@ use k3s_control_plane::remediation::decide::{
     REASON_REMEDIATION_DEFERRED,
 };
 use k3s_control_plane::remediation::{
-    ControlPlaneView, Decision, EtcdState, MachineView, Membership, Outcome, RemediationData,
-    RemediationStrategy, Rule, decide,
+    ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationData,
+    RemediationDecision, RemediationStrategy, Rule, decide_remediation,
 };
 
 fn now() -> DateTime<Utc> {
@@ -174,8 +174,8 @@ impl Cp {
         self.view.remediation_in_progress = Some(data);
         self
     }
-    fn decide(&self) -> Decision {
-        decide(&self.view, now())
+    fn decide(&self) -> RemediationDecision {
+        decide_remediation(&self.view, now())
     }
 }
 
@@ -189,7 +189,7 @@ fn data(machine: &str, at: DateTime<Utc>, retry_count: u32) -> RemediationData {
 
 #[track_caller]
 fn assert_remediates<'a>(
-    d: &'a Decision,
+    d: &'a RemediationDecision,
     machine: &str,
     retry_count: u32,
 ) -> &'a k3s_control_plane::remediation::Remediate {
@@ -210,7 +210,7 @@ fn assert_remediates<'a>(
 }
 
 #[track_caller]
-fn assert_waits(d: &Decision, machine: &str, rule: Rule, reason: &str, text: &str) {
+fn assert_waits(d: &RemediationDecision, machine: &str, rule: Rule, reason: &str, text: &str) {
     assert_eq!(d.rule, rule, "{}", d.message);
     assert!(
         matches!(&d.outcome, Outcome::Wait { machine: m, .. } if m == machine),
@@ -707,7 +707,7 @@ fn sequence_first_machine_fails_to_come_up() {
     m2.created = now() + Duration::minutes(1);
     m2.remediation_for = Some(first);
     let later = now() + Duration::minutes(5);
-    let d = decide(&Cp::new(vec![m2]).replicas(3).not_initialized().view, later);
+    let d = decide_remediation(&Cp::new(vec![m2]).replicas(3).not_initialized().view, later);
     let Outcome::Remediate(r) = &d.outcome else {
         panic!("{:?}", d.outcome)
     };
@@ -722,7 +722,7 @@ fn sequence_second_machine_fails_to_come_up() {
     let mut m3 = unhealthy(3);
     m3.created = now() + Duration::minutes(1);
     m3.remediation_for = Some(first.retry.clone());
-    let d = decide(
+    let d = decide_remediation(
         &Cp::new(vec![healthy(1), m3]).replicas(3).view,
         now() + Duration::minutes(5),
     );
@@ -754,7 +754,7 @@ fn sequence_only_one_remediation_at_a_time() {
 }
 
 // ---- safety: upstream TestCanSafelyRemediateMachine / TestTargetEtcdClusterHealthy /
-// TestTargetK8sControlPlaneHealthy, removal cases, each through decide() -------------
+// TestTargetK8sControlPlaneHealthy, removal cases, each through decide_remediation() -------------
 
 #[test]
 fn safety_table() {

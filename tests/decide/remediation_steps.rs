@@ -11,7 +11,7 @@ use k3s_control_plane::remediation::steps::{
 };
 use k3s_control_plane::remediation::{
     ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationData,
-    RemediationStrategy, Removal, RemovalKind, Step, WaitReason, decide, next_step,
+    RemediationStrategy, Removal, RemovalKind, Step, WaitReason, decide_remediation, next_step,
 };
 
 fn now() -> DateTime<Utc> {
@@ -156,7 +156,7 @@ fn walk(
 }
 
 fn remediation_of_m1(view: &ControlPlaneView) -> Removal {
-    let d = decide(view, now());
+    let d = decide_remediation(view, now());
     let Outcome::Remediate(r) = d.outcome else {
         panic!("{}", d.message)
     };
@@ -741,7 +741,7 @@ fn a_remediation_of_a_target_whose_member_cannot_be_mapped_is_refused_with_the_w
     view.machines[0].node_ref = None;
     view.machines[0].etcd_member = None;
     membership(&mut view).leader = Some(3);
-    let d = decide(&view, now());
+    let d = decide_remediation(&view, now());
     assert!(
         !matches!(d.outcome, Outcome::Remediate(_)),
         "remediated on a guess: {}",
@@ -762,6 +762,6 @@ fn a_remediation_of_a_target_whose_member_cannot_be_mapped_is_refused_with_the_w
     assert!(d.message.contains("node-m1-00000001"), "{}", d.message);
     // Every member is another Machine's: it costs nothing.
     membership(&mut view).members.retain(|m| m.id != 1);
-    let d = decide(&view, now());
+    let d = decide_remediation(&view, now());
     assert!(matches!(d.outcome, Outcome::Remediate(_)), "{}", d.message);
 }

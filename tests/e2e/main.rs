@@ -27,6 +27,6 @@ mod restore;
 mod resume;
 mod rollout;
 mod shards;
-mod space;
+mod space_care;
 mod sync;
 mod topology;

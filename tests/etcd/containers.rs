@@ -9,7 +9,7 @@
 //!    unhealthy, removing a healthy member is refused and nothing is removed;
 //!    reconnected, it counts healthy again;
 //! 2. remediation of a stopped member (`docker stop`): decided by
-//!    `remediation::decide`, removed with the quorum-checked removal;
+//!    `remediation::decide_remediation`, removed with the quorum-checked removal;
 //! 3. a scale-down: `decide_scale_down` picks the leader's Machine, leadership
 //!    moves off it first, then it is removed.
 //!
@@ -33,7 +33,7 @@ use k3s_control_plane::membership::node_of_member_name;
 use k3s_control_plane::quorum::Blocker;
 use k3s_control_plane::remediation::{
     ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationStrategy, Rule,
-    ScaleDownDecision, decide, decide_scale_down,
+    ScaleDownDecision, decide_remediation, decide_scale_down,
 };
 
 const IMAGE: &str = "k3scp-etcd:test";
@@ -462,7 +462,7 @@ async fn containerised_etcd_partition_remediation_and_scale_down() {
         .unwrap();
     target.health_check_succeeded = Some(false);
     target.owner_remediated = Some(false);
-    let decision = decide(&v, Utc::now());
+    let decision = decide_remediation(&v, Utc::now());
     assert_eq!(
         decision.rule,
         Rule::EtcdQuorumAtRisk,
@@ -542,7 +542,7 @@ async fn containerised_etcd_partition_remediation_and_scale_down() {
         .unwrap();
     target.health_check_succeeded = Some(false);
     target.owner_remediated = Some(false);
-    let decision = decide(&v, Utc::now());
+    let decision = decide_remediation(&v, Utc::now());
     let Outcome::Remediate(plan) = &decision.outcome else {
         panic!("remediation refused: {}", decision.message);
     };

@@ -182,13 +182,13 @@ pub fn init_logging_or(default: &str) {
 /// A read-only controller context on `client` (production settings; it is
 /// only used to observe).
 pub fn read_only_context(client: kube::Client) -> std::sync::Arc<Context> {
-    read_only_context_with(client, crate::space::SpaceSettings::default())
+    read_only_context_with(client, crate::space_rule::SpaceSettings::default())
 }
 
 /// [`read_only_context`], deciding on etcd's space as `run` does with `space`.
 pub fn read_only_context_with(
     client: kube::Client,
-    space: crate::space::SpaceSettings,
+    space: crate::space_rule::SpaceSettings,
 ) -> std::sync::Arc<Context> {
     let metrics = Metrics::register(&mut Registry::default());
     let settings = Settings {

@@ -46,12 +46,13 @@ pub fn render_members(report: &Report) -> String {
                 } else {
                     m.alarms.join(",")
                 },
-                m.db_size.map_or_else(|| "-".into(), crate::space::bytes),
+                m.db_size
+                    .map_or_else(|| "-".into(), crate::space_rule::bytes),
                 m.db_size_in_use
-                    .map_or_else(|| "-".into(), crate::space::bytes),
+                    .map_or_else(|| "-".into(), crate::space_rule::bytes),
                 m.fragmentation
                     .map_or_else(|| "-".into(), |f| format!("{:.0}%", f * 100.0)),
-                m.quota.map_or_else(|| "?".into(), crate::space::bytes),
+                m.quota.map_or_else(|| "?".into(), crate::space_rule::bytes),
                 m.machine.clone().unwrap_or_else(|| "(none)".into()),
                 m.node.clone().unwrap_or_else(|| "-".into()),
                 m.matched_by.map_or("-", match_rule_name).to_string(),

@@ -539,13 +539,13 @@ impl Report {
             },
             space: space.map(|s| SpaceReport {
                 quota: match &s.quota {
-                    crate::space::ConfiguredQuota::Default(q) => {
-                        format!("{} (default)", crate::space::bytes(*q))
+                    crate::space_rule::ConfiguredQuota::Default(q) => {
+                        format!("{} (default)", crate::space_rule::bytes(*q))
                     }
-                    crate::space::ConfiguredQuota::Annotation(q) => {
-                        format!("{} (annotation)", crate::space::bytes(*q))
+                    crate::space_rule::ConfiguredQuota::Annotation(q) => {
+                        format!("{} (annotation)", crate::space_rule::bytes(*q))
                     }
-                    crate::space::ConfiguredQuota::Invalid(why) => format!("unknown: {why}"),
+                    crate::space_rule::ConfiguredQuota::Invalid(why) => format!("unknown: {why}"),
                 },
                 nospace: s.cluster.nospace,
                 rule: s.decision.as_ref().map(|d| d.rule()),

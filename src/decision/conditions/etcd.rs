@@ -8,7 +8,7 @@ use crate::api::condition_names::{
 use crate::etcd::MemberSnapshot;
 use crate::remediation::model::MemberMissing;
 use crate::remediation::orphans::OrphanDecision;
-use crate::space::SpaceDecision;
+use crate::space_rule::SpaceDecision;
 
 use super::super::plan::Plan;
 use super::super::world::{EtcdObservation, World};
@@ -214,7 +214,7 @@ pub fn etcd_member_healthy(
 mod tests {
     use super::super::test_facts::{member, observed, snapshot};
     use super::*;
-    use crate::space::{Blocked, SpaceStep};
+    use crate::space_rule::{Blocked, SpaceStep};
 
     #[test]
     fn etcd_cluster_healthy_condition() {

@@ -3,7 +3,7 @@
 
 use crate::api::condition_names::{OWNER_REMEDIATED, REMEDIATING, owner_remediated, remediating};
 use crate::lifecycle::Lifecycle;
-use crate::remediation::decide::{Decision as RemediationDecision, Outcome};
+use crate::remediation::decide::{Outcome, RemediationDecision};
 use crate::remediation::steps::Step;
 
 use super::super::plan::{Action, Plan, Refusal};

@@ -40,7 +40,7 @@ fn with_orphan(b: WorldBuilder) -> WorldBuilder {
 /// member at 80 MiB of which 10 in use (fragmented: due for defragmentation).
 fn fragmented(b: WorldBuilder, machine: &str) -> WorldBuilder {
     b.with_annotations(&[(ETCD_QUOTA_ANNOTATION, "100Mi")])
-        .with_etcd_space(crate::space::SpaceSettings {
+        .with_etcd_space(crate::space_rule::SpaceSettings {
             care: true,
             ..Default::default()
         })

@@ -1,6 +1,6 @@
 //! Space operations: defragment one member (and confirm it healthy after),
 //! compact the history to the current revision, disarm `NOSPACE`. Each takes
-//! a fresh snapshot and is guarded by the pure rule of [`crate::space`] on it,
+//! a fresh snapshot and is guarded by the pure rule of [`crate::space_rule`] on it,
 //! judging health apart from `NOSPACE` (the alarm they repair): the `etcd`
 //! CLI and the controller refuse the same things.
 
@@ -14,7 +14,7 @@ use crate::etcd::cluster::{EtcdCluster, ListedMember};
 use crate::etcd::error::EtcdError;
 use crate::etcd::ops::{LeaderMove, POLL_INTERVAL, check_quorum, listed};
 use crate::etcd::snapshot::{MemberStatus, MembershipSnapshot, NOSPACE, is_nospace_error};
-use crate::space::{ConfiguredQuota, History, Sizes, Thresholds, bytes};
+use crate::space_rule::{ConfiguredQuota, History, Sizes, Thresholds, bytes};
 
 /// A member defragmented, with its sizes before and after.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -106,7 +106,9 @@ impl EtcdCluster {
         })?;
         let label = member.label();
         // The quota plays no part in whether it may be defragmented.
-        let space = snap.space(&ConfiguredQuota::Default(crate::space::DEFAULT_QUOTA_BYTES));
+        let space = snap.space(&ConfiguredQuota::Default(
+            crate::space_rule::DEFAULT_QUOTA_BYTES,
+        ));
         space
             .defrag_guard(id)
             .map_err(|reason| refused(format!("defragment {label}"), reason))?;
@@ -306,7 +308,7 @@ impl EtcdCluster {
 
     /// Disarm every `NOSPACE` alarm, only when every member is healthy (apart
     /// from `NOSPACE`) and has room below its quota (its own if it reports
-    /// one, else `quota`), as [`crate::space::ClusterSpace::disarm_guard`]
+    /// one, else `quota`), as [`crate::space_rule::ClusterSpace::disarm_guard`]
     /// says with the numbers; the alarms are read afresh, deactivated one by
     /// one, and confirmed gone. With no `NOSPACE` raised there is nothing to
     /// refuse: success, with the numbers.

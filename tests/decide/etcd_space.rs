@@ -10,7 +10,9 @@ use k3s_control_plane::decision::plan::Action;
 use k3s_control_plane::decision::world::{EtcdObservation, World};
 use k3s_control_plane::decision::{Decision, decide, decide_lifecycle};
 use k3s_control_plane::etcd::MembershipSnapshot;
-use k3s_control_plane::space::{Defragmentation, History, SpaceSettings, SpaceStep, Thresholds};
+use k3s_control_plane::space_rule::{
+    Defragmentation, History, SpaceSettings, SpaceStep, Thresholds,
+};
 use kube::runtime::events::EventType;
 
 const MIB: i64 = 1024 * 1024;
@@ -449,7 +451,7 @@ fn a_step_acts_and_the_record_carries_every_members_sizes() {
 
 #[test]
 fn the_history_is_read_only_when_a_compaction_may_be_due() {
-    use k3s_control_plane::decision::space::needs_history;
+    use k3s_control_plane::decision::etcd_space::needs_history;
     let mut w = world();
     assert!(!needs_history(&w));
     sized(&mut w, 1, 100, 20);

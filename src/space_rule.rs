@@ -588,7 +588,7 @@ impl ClusterSpace {
 ///   whose fragmentation and size both pass the thresholds.
 /// - No step while any member is unhealthy (apart from `NOSPACE`), or while a
 ///   membership change is in flight; alarms or quotas unknown refuse too.
-pub fn decide(c: &ClusterSpace, t: &Thresholds) -> SpaceDecision {
+pub fn decide_space(c: &ClusterSpace, t: &Thresholds) -> SpaceDecision {
     let recovery = c.nospace;
     let blocked = |why: Blocked, message: String| SpaceDecision::Blocked {
         why,
@@ -839,7 +839,7 @@ mod tests {
     #[test]
     fn small_or_compact_members_need_nothing() {
         // 90% free but small; big but compact.
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 10 * MIB, MIB),
                 member(2, 80 * MIB, 79 * MIB),
@@ -853,7 +853,7 @@ mod tests {
 
     #[test]
     fn a_fragmented_big_follower_is_defragmented_first() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 70 * MIB, 10 * MIB),
                 member(2, 60 * MIB, 20 * MIB),
@@ -881,7 +881,7 @@ mod tests {
 
     #[test]
     fn the_leader_due_last_has_its_leadership_moved_first() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 70 * MIB, 10 * MIB),
                 member(2, 60 * MIB, 59 * MIB),
@@ -902,7 +902,7 @@ mod tests {
 
     #[test]
     fn a_single_member_is_defragmented_although_it_leads() {
-        let d = decide(&cluster(vec![member(1, 70 * MIB, 10 * MIB)]), &t());
+        let d = decide_space(&cluster(vec![member(1, 70 * MIB, 10 * MIB)]), &t());
         assert_eq!(
             step(&d),
             Some(&SpaceStep::Defragment {
@@ -917,7 +917,7 @@ mod tests {
         let mut down = member(2, 0, 0);
         down.sizes = None;
         down.problem = Some("connection refused".into());
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 70 * MIB, 10 * MIB),
                 down,
@@ -950,14 +950,14 @@ mod tests {
             member(2, 80 * MIB, 10 * MIB),
         ]);
         c.busy = Some("learner cp-4 has not been promoted yet".into());
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(d.rule(), "etcd-space.wait.membership-change");
         assert!(d.message().contains("learner cp-4"), "{d}");
     }
 
     #[test]
     fn nospace_with_room_everywhere_is_disarmed() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 10 * MIB, 9 * MIB),
                 full(member(2, 30 * MIB, 29 * MIB)),
@@ -976,7 +976,7 @@ mod tests {
 
     #[test]
     fn nospace_with_free_pages_defragments_the_full_follower() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 50 * MIB, 40 * MIB),
                 full(member(2, 100 * MIB, 30 * MIB)),
@@ -998,7 +998,7 @@ mod tests {
 
     #[test]
     fn nospace_defragments_the_alarmed_follower_before_a_fuller_one() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 50 * MIB, 40 * MIB),
                 full(member(2, 95 * MIB, 30 * MIB)),
@@ -1018,7 +1018,7 @@ mod tests {
 
     #[test]
     fn nospace_on_the_leader_moves_its_leadership_once_the_followers_have_room() {
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 full(member(1, 100 * MIB, 30 * MIB)),
                 member(2, 50 * MIB, 40 * MIB),
@@ -1044,7 +1044,7 @@ mod tests {
             member(3, 50 * MIB, 40 * MIB),
         ]);
         c.history = history_at_4321(false);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(
             step(&d),
             Some(&SpaceStep::Compact { revision: 4321 }),
@@ -1057,7 +1057,7 @@ mod tests {
     #[test]
     fn nospace_with_history_at_the_quota_but_unread_is_refused_saying_so() {
         let c = cluster(vec![full(member(2, 100 * MIB, 95 * MIB))]);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(d.rule(), "etcd-space.blocked.history-unknown");
     }
 
@@ -1071,7 +1071,7 @@ mod tests {
             member(3, 50 * MIB, 40 * MIB),
         ]);
         c.history = history_at_4321(true);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(
             step(&d),
             Some(&SpaceStep::Defragment {
@@ -1119,7 +1119,7 @@ mod tests {
             member(3, 50 * MIB, 40 * MIB),
         ]);
         c.history = history_at_4321(true);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(
             step(&d),
             Some(&SpaceStep::Defragment {
@@ -1140,7 +1140,7 @@ mod tests {
             member(3, 50 * MIB, 40 * MIB),
         ]);
         c.history = history_at_4321(false);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(
             step(&d),
             Some(&SpaceStep::Compact { revision: 4321 }),
@@ -1148,7 +1148,7 @@ mod tests {
         );
         c.history = None;
         assert_eq!(
-            decide(&c, &t()).rule(),
+            decide_space(&c, &t()).rule(),
             "etcd-space.blocked.history-unknown",
             "whether compacting would help is not guessed"
         );
@@ -1162,7 +1162,7 @@ mod tests {
             member(3, 50 * MIB, 40 * MIB),
         ]);
         c.history = history_at_4321(true);
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert!(
             matches!(
                 d,
@@ -1188,7 +1188,7 @@ mod tests {
     fn nospace_with_an_unhealthy_member_is_refused_naming_it() {
         let mut sick = member(3, 50 * MIB, 40 * MIB);
         sick.problem = Some("answers status but cannot serve a linearizable read".into());
-        let d = decide(
+        let d = decide_space(
             &cluster(vec![
                 member(1, 50 * MIB, 40 * MIB),
                 full(member(2, 100 * MIB, 30 * MIB)),
@@ -1208,9 +1208,12 @@ mod tests {
     fn unknown_alarms_or_quota_refuse_saying_why() {
         let mut c = cluster(vec![member(1, 10 * MIB, MIB)]);
         c.alarms_unknown = Some("no voter can reach a quorum".into());
-        assert_eq!(decide(&c, &t()).rule(), "etcd-space.blocked.alarms-unknown");
+        assert_eq!(
+            decide_space(&c, &t()).rule(),
+            "etcd-space.blocked.alarms-unknown"
+        );
         c.quota_error = Some("annotation x: \"lots\" is not a byte count".into());
-        let d = decide(&c, &t());
+        let d = decide_space(&c, &t());
         assert_eq!(d.rule(), "etcd-space.blocked.quota-unknown");
         assert!(d.message().contains("\"lots\""), "{d}");
     }

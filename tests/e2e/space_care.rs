@@ -9,9 +9,9 @@
 use crate::support;
 
 use k3s_control_plane::harness::EtcdTestCluster;
+use k3s_control_plane::harness::defrag_sampler::one_at_a_time;
 use k3s_control_plane::harness::sandbox::{Sandbox, fast_settings};
-use k3s_control_plane::harness::space::one_at_a_time;
-use k3s_control_plane::space::{SpaceSettings, Thresholds};
+use k3s_control_plane::space_rule::{SpaceSettings, Thresholds};
 use serde_json::json;
 use support::{
     LIMIT, annotate_kcp, event_notes, events, init_logs, kcp, snapshot, wait_reconciles,

@@ -1,11 +1,11 @@
 //! etcd space in the decision record: each member's sizes against its quota,
 //! and, with `run --etcd-space-care`, the space rule's verdict
-//! ([`crate::space::decide`]) on this world. Pure.
+//! ([`crate::space_rule::decide_space`]) on this world. Pure.
 
 use serde::Serialize;
 
 use crate::api::names::ETCD_QUOTA_ANNOTATION;
-use crate::space::{ClusterSpace, ConfiguredQuota, SpaceDecision, Thresholds, parse_quota};
+use crate::space_rule::{ClusterSpace, ConfiguredQuota, SpaceDecision, Thresholds, parse_quota};
 
 use super::world::World;
 
@@ -103,7 +103,7 @@ pub fn etcd_space(world: &World) -> Option<EtcdSpace> {
     let decision = world
         .etcd_space
         .care
-        .then(|| crate::space::decide(&cluster, &thresholds));
+        .then(|| crate::space_rule::decide_space(&cluster, &thresholds));
     Some(EtcdSpace {
         quota,
         thresholds,
