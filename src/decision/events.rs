@@ -113,10 +113,12 @@ fn preflight_wait(check: &str, progress: &'static str, blocked: &'static str) ->
 fn remediation_wait(why: &str) -> WaitEvent {
     let rule = RemediationRule::ALL.into_iter().find(|r| r.as_str() == why);
     match rule.and_then(RemediationRule::owner_remediated_reason) {
-        Some(crate::remediation::decide::REASON_REMEDIATION_DEFERRED) => WaitEvent {
-            remediation_outcome: Some("deferred"),
-            ..normal("RemediationDeferred")
-        },
+        Some(crate::api::condition_names::owner_remediated::REASON_REMEDIATION_DEFERRED) => {
+            WaitEvent {
+                remediation_outcome: Some("deferred"),
+                ..normal("RemediationDeferred")
+            }
+        }
         Some(_) => WaitEvent {
             remediation_outcome: Some("refused"),
             ..warning("RemediationBlocked")

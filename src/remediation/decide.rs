@@ -17,9 +17,7 @@ use super::pick::pick_machine_to_remediate;
 use super::retry::{RetryVerdict, check_retry_limits};
 use crate::quorum::{self, Assessment};
 
-// `OwnerRemediated` reasons are API (`condition_names`); re-exported where
-// the rules' tests (tests/decide) and `decision::events` name them.
-pub use crate::api::condition_names::owner_remediated::{
+use crate::api::condition_names::owner_remediated::{
     REASON_CANNOT_BE_REMEDIATED, REASON_INTERNAL_ERROR, REASON_MACHINE_DELETING,
     REASON_REMEDIATION_DEFERRED,
 };

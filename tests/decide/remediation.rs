@@ -53,11 +53,11 @@
 //!  G1..G5 -> src/remediation/pick.rs tests (returns_the_machine_with_remediate_machine_annotation_first, ...)
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use k3s_control_plane::quorum::MemberView;
-use k3s_control_plane::remediation::decide::{
+use k3s_control_plane::api::condition_names::owner_remediated::{
     REASON_CANNOT_BE_REMEDIATED, REASON_INTERNAL_ERROR, REASON_MACHINE_DELETING,
     REASON_REMEDIATION_DEFERRED,
 };
+use k3s_control_plane::quorum::MemberView;
 use k3s_control_plane::remediation::{
     ControlPlaneView, EtcdState, MachineView, Membership, Outcome, RemediationData,
     RemediationDecision, RemediationStrategy, Rule, decide_remediation,
