@@ -45,6 +45,7 @@ pub fn confirmed_leader(moving: &LeadershipMove, etcd: &EtcdObservation) -> Opti
 mod tests {
     use chrono::TimeZone;
 
+    use crate::decision::fixtures;
     use crate::etcd::MembershipSnapshot;
     use crate::etcd::snapshot::{MemberSnapshot, MemberStatus};
 
@@ -54,29 +55,16 @@ mod tests {
         Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap()
     }
 
-    /// Member `id`, answering with `leader` as its leader, or not answering.
+    /// Member `id` (the fixtures' server `id - 1`), answering with `leader`
+    /// as its leader, or not answering.
     fn member(id: u64, leader: Option<u64>) -> MemberSnapshot {
-        MemberSnapshot {
-            id,
-            name: format!("cp-{id}-0000000{id}"),
-            peer_urls: vec![],
-            client_urls: vec![],
-            learner: false,
-            status: leader.map(|leader| MemberStatus {
-                leader,
-                raft_term: 2,
-                raft_index: 10,
-                raft_applied_index: 10,
-                db_size: 20_480,
-                db_size_in_use: 20_480,
-                db_size_quota: 0,
-                revision: 0,
-                version: "3.5.1".into(),
-                errors: vec![],
-                is_learner: false,
-            }),
-            probe_error: leader.is_none().then(|| "unreachable".to_string()),
-            alarms: vec![],
+        let member = fixtures::member(id - 1);
+        match leader {
+            Some(leader) => MemberSnapshot {
+                status: member.status.map(|s| MemberStatus { leader, ..s }),
+                ..member
+            },
+            None => fixtures::unhealthy(member, "unreachable"),
         }
     }
 

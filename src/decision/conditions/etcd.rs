@@ -430,7 +430,7 @@ mod tests {
                 None,
                 Some(true),
                 etcd_member_healthy::REASON_HEALTHY,
-                "member cp-1-00000001 is healthy",
+                "member cp-0-00000001 is healthy",
             ),
             (
                 "its member does not answer",
@@ -438,7 +438,7 @@ mod tests {
                 None,
                 Some(false),
                 etcd_member_healthy::REASON_UNHEALTHY,
-                "member cp-2-00000002: ",
+                "member cp-1-00000002: ",
             ),
             (
                 "its member is gone past the grace period",

@@ -109,32 +109,16 @@ impl<'a> PlanNote<'a> {
 /// Facts the table tests share: etcd members as a probe saw them.
 #[cfg(test)]
 pub(crate) mod test_facts {
+    use crate::decision::fixtures;
     use crate::decision::world::EtcdObservation;
-    use crate::etcd::{MemberSnapshot, MemberStatus, MembershipSnapshot};
+    use crate::etcd::{MemberSnapshot, MembershipSnapshot};
 
-    /// Voter `id`, named `cp-<id>-0000000<id>`, healthy unless `probe_error`.
+    /// Voter `id` (the fixtures' server `id - 1`), healthy unless `probe_error`.
     pub fn member(id: u64, probe_error: Option<&str>) -> MemberSnapshot {
-        MemberSnapshot {
-            id,
-            name: format!("cp-{id}-0000000{id}"),
-            peer_urls: vec![],
-            client_urls: vec![],
-            learner: false,
-            status: probe_error.is_none().then(|| MemberStatus {
-                leader: 1,
-                raft_term: 2,
-                raft_index: 10,
-                raft_applied_index: 10,
-                db_size: 1,
-                db_size_in_use: 1,
-                db_size_quota: 0,
-                revision: 0,
-                version: "3.4.23".into(),
-                errors: vec![],
-                is_learner: false,
-            }),
-            probe_error: probe_error.map(Into::into),
-            alarms: vec![],
+        let member = fixtures::member(id - 1);
+        match probe_error {
+            Some(why) => fixtures::unhealthy(member, why),
+            None => member,
         }
     }
 
