@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 
 use super::caches::{SecretCache, WatchCaches};
 use super::etcd_pool::EtcdPool;
@@ -84,7 +84,7 @@ pub struct Context {
     /// The management cluster.
     pub client: Client,
     pub metrics: Metrics,
-    pub recorder: Recorder,
+    pub recorder: super::recorder::EventRecorder,
     pub workloads: WorkloadCache,
     pub etcd: EtcdPool,
     pub settings: Settings,
@@ -144,7 +144,7 @@ impl Context {
         let secrets = SecretCache::new(settings.secret_refresh);
         let contract_versions = super::contract_versions::ContractVersions::new(client.clone());
         Arc::new(Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: super::recorder::EventRecorder::new(client.clone(), reporter),
             workloads: WorkloadCache::default(),
             client,
             metrics,

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod observe;
 pub mod publish;
 pub mod reconcile;
+pub mod recorder;
 pub mod replica_election;
 pub mod status;
 pub mod sync_machines;

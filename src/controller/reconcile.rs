@@ -46,6 +46,8 @@ use crate::lifecycle::{DeletionStep, Lifecycle};
 pub async fn reconcile(kcp: Arc<KThreesControlPlane>, ctx: Arc<Context>) -> Result<Requeue> {
     let started = Instant::now();
     ctx.metrics.reconciles.inc();
+    // At rest nothing publishes, so expired Events are forgotten here.
+    ctx.recorder.prune();
     let key = format!("{}/{}", kcp.namespace().unwrap_or_default(), kcp.name_any());
     let result = reconcile_inner(&kcp, &ctx).await;
     ctx.metrics
