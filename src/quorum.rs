@@ -59,6 +59,17 @@ pub fn member_label(id: u64, name: &str) -> String {
 }
 
 impl MemberView {
+    /// A started voter that answered its probe with no alarm.
+    pub fn healthy_voter(id: u64, name: impl Into<String>) -> Self {
+        MemberView {
+            id,
+            name: name.into(),
+            learner: false,
+            probe_error: None,
+            alarms: vec![],
+        }
+    }
+
     pub fn label(&self) -> String {
         member_label(self.id, &self.name)
     }

@@ -253,13 +253,7 @@ mod tests {
     use super::*;
 
     fn member(id: u64) -> MemberView {
-        MemberView {
-            id,
-            name: format!("node-m{id}-{id:08x}"),
-            learner: false,
-            probe_error: None,
-            alarms: vec![],
-        }
+        MemberView::healthy_voter(id, format!("node-m{id}-{id:08x}"))
     }
 
     /// Three Machines m1..m3 with members 1..3; m2 is outdated (version)

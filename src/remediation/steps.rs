@@ -766,13 +766,7 @@ mod upstream_hook_tests {
     }
 
     fn member(id: u64) -> MemberView {
-        MemberView {
-            id,
-            name: format!("node-m{id}-{id:08x}"),
-            learner: false,
-            probe_error: None,
-            alarms: vec![],
-        }
+        MemberView::healthy_voter(id, format!("node-m{id}-{id:08x}"))
     }
 
     /// Three machines and members; m1 upstream left deleting, CAPI waiting on

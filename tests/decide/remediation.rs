@@ -91,13 +91,7 @@ fn unhealthy(i: u64) -> MachineView {
 }
 
 fn member(id: u64) -> MemberView {
-    MemberView {
-        id,
-        name: format!("node-m{id}-{id:08x}"),
-        learner: false,
-        probe_error: None,
-        alarms: vec![],
-    }
+    MemberView::healthy_voter(id, format!("node-m{id}-{id:08x}"))
 }
 
 struct Cp {

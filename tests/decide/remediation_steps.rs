@@ -29,13 +29,7 @@ fn machine(i: u64) -> MachineView {
 }
 
 fn member(id: u64) -> MemberView {
-    MemberView {
-        id,
-        name: format!("node-m{id}-{id:08x}"),
-        learner: false,
-        probe_error: None,
-        alarms: vec![],
-    }
+    MemberView::healthy_voter(id, format!("node-m{id}-{id:08x}"))
 }
 
 /// Three machines, m1 MHC-unhealthy and leading etcd.

@@ -22,13 +22,7 @@ fn machine(n: u64, outdated: bool) -> MachineView {
 }
 
 fn member(id: u64) -> MemberView {
-    MemberView {
-        id,
-        name: format!("node-cp-{id}-{id:08x}"),
-        learner: false,
-        probe_error: None,
-        alarms: vec![],
-    }
+    MemberView::healthy_voter(id, format!("node-cp-{id}-{id:08x}"))
 }
 
 /// cp-1 and cp-2 outdated, cp-3 up to date; all healthy.
