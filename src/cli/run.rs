@@ -91,7 +91,7 @@ pub struct RunArgs {
     /// The raft election timeout of the workload clusters' etcd (k3s starts
     /// etcd with 5s). A leadership move waits up to two of them, and a move
     /// or a removal is confirmed for up to three.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_election_timeout)]
     pub etcd_election_timeout: Duration,
     /// Log level of the controller's own messages: error, warn, info, debug
     /// or trace. Client libraries stay at warn; RUST_LOG, when set, overrides both.
@@ -177,6 +177,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("{text:?}: unit must be ms, s or m")),
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// The longest election timeout etcd accepts (`maxElectionMs`, 50000 ms, in
+/// etcd's `server/embed/config.go`): a longer one cannot be the workload
+/// cluster's, and multiples of it must not overflow.
+const MAX_ELECTION_TIMEOUT: Duration = Duration::from_secs(50);
+
+/// `--etcd-election-timeout`: a duration etcd could run with.
+pub fn parse_election_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text)?;
+    if timeout.is_zero() || timeout > MAX_ELECTION_TIMEOUT {
+        return Err(format!(
+            "{text:?}: etcd's election timeout is more than 0 and at most 50s (etcd refuses more than 50000ms)"
+        ));
+    }
+    Ok(timeout)
 }
 
 /// A kube client from `--kubeconfig`, or the default chain.
@@ -556,6 +572,22 @@ mod tests {
         assert!(parse_duration("15h").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn election_timeouts_are_what_etcd_accepts() {
+        assert_eq!(
+            parse(&[]).unwrap().etcd_election_timeout,
+            Duration::from_secs(5)
+        );
+        for ok in ["1ms", "5s", "50s"] {
+            assert!(parse_election_timeout(ok).is_ok(), "{ok}");
+        }
+        for refused in ["0s", "50001ms", "60m", "99999999999999m"] {
+            let err = parse_election_timeout(refused).unwrap_err();
+            assert!(err.contains("at most 50s"), "{refused}: {err}");
+        }
+        assert!(parse(&["--etcd-election-timeout=2m"]).is_err());
     }
 
     #[test]

@@ -17,13 +17,18 @@ pub fn started(
     now: DateTime<Utc>,
     allowed: std::time::Duration,
 ) -> LeadershipMove {
-    let allowed = chrono::Duration::from_std(allowed).unwrap_or(chrono::Duration::MAX);
+    // An absurd `--etcd-election-timeout` waits for ever rather than
+    // overflowing the clock (chrono's `+` panics there).
+    let deadline = chrono::Duration::from_std(allowed)
+        .ok()
+        .and_then(|allowed| now.checked_add_signed(allowed))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
     LeadershipMove {
         machine: machine.to_string(),
         from,
         to,
         started: now,
-        deadline: now + allowed,
+        deadline,
     }
 }
 
@@ -139,5 +144,20 @@ mod tests {
         );
         assert_eq!(moving.started, now());
         assert_eq!(moving.deadline, now() + chrono::Duration::seconds(12));
+    }
+
+    #[test]
+    fn an_absurd_timeout_waits_for_ever_instead_of_overflowing() {
+        let now = Utc.with_ymd_and_hms(2026, 12, 6, 0, 0, 0).unwrap();
+        for allowed in [
+            std::time::Duration::MAX,
+            std::time::Duration::from_secs(u64::MAX / 2),
+            std::time::Duration::from_secs(400 * 365 * 86_400 * 1_000),
+        ] {
+            let moving = started("m1", 1, 2, now, allowed);
+            assert_eq!(moving.deadline, DateTime::<Utc>::MAX_UTC, "{allowed:?}");
+        }
+        let moving = started("m1", 1, 2, now, std::time::Duration::from_secs(10));
+        assert_eq!(moving.deadline, now + chrono::Duration::seconds(10));
     }
 }
