@@ -69,6 +69,7 @@ use k3s_control_plane::api::names::{
 };
 use k3s_control_plane::api::{Cluster, KThreesConfig, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
+use k3s_control_plane::decision::machine_sync::born_metadata;
 use k3s_control_plane::harness::EtcdTestCluster;
 use k3s_control_plane::harness::capi_sim::MachineDeletionSim;
 use k3s_control_plane::harness::sandbox::{
@@ -340,14 +341,27 @@ async fn add_cluster(
     let owner = kcp.controller_owner_ref(&()).expect("KCP uid");
     let hash = k3s_control_plane::rollout::spec_hash(&kcp);
     let machines: Api<Machine> = Api::namespaced(management.clone(), NAMESPACE);
+    // Born as the controller makes its Machines: with the control plane's
+    // metadata (in a shard, its watch-filter label) and the sync record.
+    let born = born_metadata(
+        &kcp,
+        BTreeMap::from([
+            (CLUSTER_NAME_LABEL.to_string(), cluster.clone()),
+            (CONTROL_PLANE_LABEL.to_string(), String::new()),
+            (CONTROL_PLANE_NAME_LABEL.to_string(), kcp_name.clone()),
+        ]),
+    );
+    let mut annotations = born.annotations.clone();
+    annotations.insert(SPEC_HASH_ANNOTATION.to_string(), hash.clone());
+    annotations.extend(born.record.clone());
     for (j, (_, ip)) in etcd.members.iter().enumerate() {
         let name = machine_name(&cluster, j);
         let object: Machine = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {
                 "name": name, "namespace": NAMESPACE,
-                "labels": {CLUSTER_NAME_LABEL: cluster, CONTROL_PLANE_LABEL: "", CONTROL_PLANE_NAME_LABEL: kcp_name},
-                "annotations": {SPEC_HASH_ANNOTATION: hash},
+                "labels": born.labels,
+                "annotations": annotations,
                 "ownerReferences": [owner],
             },
             "spec": {
@@ -366,7 +380,7 @@ async fn add_cluster(
         // the controller writes the certificate expiry for CAPI to copy.
         let config: KThreesConfig = serde_json::from_value(json!({
             "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KThreesConfig",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": born.labels},
             "spec": {}
         }))
         .expect("KThreesConfig");

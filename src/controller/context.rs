@@ -213,7 +213,8 @@ impl Context {
 
     /// Forget everything held for the workload cluster `namespace/cluster`
     /// (its control plane is gone, or moved to another shard): pooled etcd
-    /// connections, the workload client, cached Secrets, first-seen member
+    /// connections, the workload client, cached Secrets, the cover of its
+    /// Machines in a shard's cache, first-seen member
     /// times, leadership moves, serving-certificate probes and its metric
     /// series. A deleted
     /// cluster costs nothing afterwards.
@@ -225,6 +226,9 @@ impl Context {
         self.workloads
             .invalidate(&crate::workload::ClusterKey::new(namespace, cluster));
         self.secrets.invalidate(namespace, cluster);
+        if let Some(caches) = self.caches() {
+            caches.machine_coverage.forget(namespace, cluster);
+        }
         let key = format!("{namespace}/{cluster}");
         self.members_seen
             .lock()

@@ -94,6 +94,9 @@ pub struct Metrics {
     /// Decisions to act taken on cached objects that a fresh read found
     /// behind, and so taken again on the fresh ones.
     pub stale_cache_decisions: Counter,
+    /// Machine LISTs a shard took because its label-selected Machine cache
+    /// was not known to hold the cluster's Machines whole.
+    pub uncovered_machine_lists: Counter,
     /// Removal steps decided within the reconcile of the step before them,
     /// on a fresh read, instead of after a trip through the work queue.
     pub chained_steps: Counter,
@@ -155,6 +158,7 @@ impl Metrics {
         let metrics = Metrics {
             reconciles: Counter::default(),
             stale_cache_decisions: Counter::default(),
+            uncovered_machine_lists: Counter::default(),
             chained_steps: Counter::default(),
             reused_workload_observations: Counter::default(),
             actions: Counter::default(),
@@ -192,6 +196,11 @@ impl Metrics {
             "stale_cache_decisions",
             "Decisions to act taken on cached Clusters, Machines or Secrets that a fresh read found behind, so taken again on what was read",
             metrics.stale_cache_decisions.clone(),
+        );
+        sub.register(
+            "uncovered_machine_lists",
+            "Machine LISTs a shard took because its label-selected Machine cache was not known to hold the cluster's Machines whole (a Machine without the shard's label, or the cache behind)",
+            metrics.uncovered_machine_lists.clone(),
         );
         sub.register(
             "chained_steps",

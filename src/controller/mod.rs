@@ -19,6 +19,7 @@ pub mod etcd_snapshot;
 pub mod http;
 pub mod k3s_serving;
 pub mod kcp_metadata;
+pub mod machine_store;
 pub mod metrics;
 pub mod observe;
 pub mod publish;
@@ -69,11 +70,17 @@ pub async fn run(
                 Api::all(client.clone()),
             ),
         };
-    // The control planes (and Clusters) are filtered; Machines are not, but a
-    // Machine only triggers its owner, which is reconciled only if it is in
-    // the (filtered) store. Each watch feeds a reflector store the reconcile
-    // reads from (see `caches`) and triggers reconciles; objects are trimmed.
+    // With a watch filter all three watches select the shard's label: its
+    // Machines carry it (born with it, kept by the in-place sync), and a
+    // cluster's Machines are read from the store only while it is known to
+    // hold them whole (`caches::MachineCoverage`). Each watch feeds a
+    // reflector store the reconcile reads from (see `caches`) and triggers
+    // reconciles; objects are trimmed.
     let filtered = watch_config(ctx.settings.watch_filter.as_deref());
+    let coverage = Arc::new(caches::MachineCoverage::new(
+        ctx.settings.watch_filter.clone(),
+        ctx.settings.secret_refresh,
+    ));
     let (kcp_store, kcp_writer) = reflector::store();
     let releasing = ctx.clone();
     let kcp_stream = watcher(kcps, filtered.clone())
@@ -93,11 +100,31 @@ pub async fn run(
             }
         })
         .applied_objects();
-    let (machine_store, machine_writer) = reflector::store();
-    let machine_stream = watcher(machines, watcher::Config::default())
+    let (machine_store, mut machine_writer) = machine_store::MachineStore::new();
+    let uncovering = coverage.clone();
+    let machine_stream = watcher(machines, filtered.clone())
         .default_backoff()
         .modify(caches::trim)
-        .reflect(machine_writer)
+        .inspect_ok(move |event| {
+            // The cover first: a reconcile in between must not take the
+            // store's word for a cluster it no longer holds whole.
+            match event {
+                // Leaving the store (deleted, or its label changed): the LIST
+                // of its cluster may no longer match what the store holds.
+                watcher::Event::Delete(machine) => {
+                    if let (Some(namespace), Some(cluster)) = (
+                        machine.namespace(),
+                        machine.labels().get(crate::api::names::CLUSTER_NAME_LABEL),
+                    ) {
+                        uncovering.forget(&namespace, cluster);
+                    }
+                }
+                // A new list replaces the store; what it drops is not reported.
+                watcher::Event::Init => uncovering.forget_all(),
+                _ => {}
+            }
+            machine_writer.apply(event);
+        })
         .touched_objects();
     let (cluster_store, cluster_writer) = reflector::store();
     let cluster_stream = watcher(clusters, filtered)
@@ -108,6 +135,7 @@ pub async fn run(
     ctx.install_caches(Some(caches::WatchCaches {
         machines: machine_store,
         clusters: cluster_store,
+        machine_coverage: coverage,
     }));
     // Stopped or dropped: nothing feeds the stores any more, so later reads
     // (a reconcile called directly, the next run) go to the API.

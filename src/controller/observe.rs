@@ -19,7 +19,7 @@ use crate::workload::nodes::list_control_plane_nodes;
 use crate::workload::secrets::ca_pem_texts;
 use crate::workload::{ClusterKey, ClusterSecrets, ControlPlaneNode};
 
-use super::caches::{ManagementFingerprint, Source};
+use super::caches::{Coverage, ManagementFingerprint, Source};
 use super::cluster_secrets::{ClusterSecretObjects, secrets_view};
 use super::context::Context;
 use super::error::{Error, Result};
@@ -295,12 +295,29 @@ pub async fn observe_management(
                 })?
         }
     };
-    let all_machines = match &caches {
-        Some(caches) => {
+    let cached_machines = caches
+        .as_ref()
+        .and_then(|c| c.machines(&namespace, &cluster_name));
+    let all_machines = match (cached_machines, &caches) {
+        (Some(machines), _) => {
             from_caches = true;
-            caches.machines(&namespace, &cluster_name)
+            machines
         }
-        None => list_cluster_machines(&ctx.client, &kcp, &cluster_name).await?,
+        (None, Some(caches)) => {
+            // A shard's store does not (yet) stand for this cluster's LIST.
+            let listed = list_cluster_machines(&ctx.client, &kcp, &cluster_name).await?;
+            ctx.metrics.uncovered_machine_lists.inc();
+            let coverage = caches.confirm_machines(&namespace, &cluster_name, &listed);
+            if coverage != Coverage::Whole {
+                tracing::debug!(
+                    cluster = %cluster_name,
+                    ?coverage,
+                    "Machines listed from the API: this shard's Machine cache does not hold them all"
+                );
+            }
+            listed
+        }
+        (None, None) => list_cluster_machines(&ctx.client, &kcp, &cluster_name).await?,
     };
     let cached_secrets = match source {
         Source::Caches | Source::Chained => ctx.secrets.get(&namespace, &cluster_name),

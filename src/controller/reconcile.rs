@@ -413,7 +413,19 @@ async fn act_on_plan(
             world.replace_machine(updated);
         }
     }
-    // In place, no rollout: template metadata and node*Timeouts (CAPI's syncMachines).
+    // In place, no rollout: template metadata and node*Timeouts (CAPI's
+    // syncMachines). Asked first whether the control plane is still ours: a
+    // late pass of the shard it left would label its Machines back.
+    if world
+        .machines
+        .iter()
+        .any(|m| crate::decision::machine_sync::plan_sync(kcp, m).is_some())
+        && left_this_shard(ctx, kcps, kcp, "sync-machines")
+            .await?
+            .is_some()
+    {
+        return Ok(Pass::Done(Requeue::await_change()));
+    }
     for updated in sync_machines(ctx, &world).await? {
         world.replace_machine(updated);
     }

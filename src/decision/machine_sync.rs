@@ -12,6 +12,12 @@
 //! values (so that a Machine whose record matches the template costs no
 //! request at all). A new Machine is born with the same metadata and record
 //! ([`born_metadata`]), so it needs no sync right after creation.
+//!
+//! The control plane's own `cluster.x-k8s.io/watch-filter` label is
+//! propagated as if the template had it (the control plane's value wins):
+//! a shard watches only Machines with its label, and a bootstrap or
+//! infrastructure provider sharded the same way only its own objects. It is
+//! also checked on the Machine itself, so a Machine that lost it gets it back.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,7 +30,7 @@ use crate::api::names::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_LABEL, CONTROL_PLANE_NAME_LABEL, PRE_TERMINATE_HOOK_ANNOTATION,
     REMEDIATION_FOR_ANNOTATION, SPEC_HASH_ANNOTATION, SYNCED_METADATA_ANNOTATION,
-    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION,
+    UPSTREAM_PRE_TERMINATE_HOOK_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use crate::api::{KThreesControlPlane, Machine};
 
@@ -95,12 +101,17 @@ struct Desired {
 impl Desired {
     fn of(kcp: &KThreesControlPlane) -> Desired {
         let meta = &kcp.spec.machine_template.metadata;
-        let labels = meta
+        let mut labels: BTreeMap<String, String> = meta
             .labels
             .iter()
             .filter(|(k, _)| !RESERVED_LABELS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        // The shard the control plane is in (its own label decides, over the
+        // template's): its Machines must be in that shard's watch too.
+        if let Some(shard) = kcp.labels().get(WATCH_FILTER_LABEL) {
+            labels.insert(WATCH_FILTER_LABEL.to_string(), shard.clone());
+        }
         let annotations = meta
             .annotations
             .iter()
@@ -292,7 +303,12 @@ pub fn plan_sync(kcp: &KThreesControlPlane, machine: &Machine) -> Option<Machine
     let want = desired.record();
     // An unreadable record is no record: propagate, remove nothing.
     let had = SyncedRecord::parse(machine).unwrap_or_default();
-    if had == want {
+    // The shard label is checked on the Machine itself, not only in the
+    // record: without it the Machine is out of its shard's watch.
+    let shard_label_in_place = desired.labels.get(WATCH_FILTER_LABEL)
+        == machine.labels().get(WATCH_FILTER_LABEL)
+        || !desired.labels.contains_key(WATCH_FILTER_LABEL);
+    if had == want && shard_label_in_place {
         return None;
     }
     let mut sync = MachineSync {
@@ -405,6 +421,84 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), Some(v.to_string())))
             .collect()
+    }
+
+    fn in_shard(mut kcp: KThreesControlPlane, shard: &str) -> KThreesControlPlane {
+        kcp.labels_mut()
+            .insert(WATCH_FILTER_LABEL.to_string(), shard.to_string());
+        kcp
+    }
+
+    /// The control plane's shard label reaches its Machines (and their
+    /// objects), so that its shard's label-selected watch holds them.
+    #[test]
+    fn the_control_planes_shard_label_follows_it_to_its_machines() {
+        let plain = || kcp(json!({}), None);
+        let templated = || kcp(json!({"labels": {WATCH_FILTER_LABEL: "s9"}}), None);
+        let shard_label =
+            |sync: Option<MachineSync>| sync.map(|s| s.labels.get(WATCH_FILTER_LABEL).cloned());
+        let cases: Vec<(
+            &str,
+            KThreesControlPlane,
+            Machine,
+            Option<Option<Option<String>>>,
+        )> = vec![
+            (
+                "born in a shard: nothing to do",
+                in_shard(plain(), "s0"),
+                synced(&in_shard(plain(), "s0"), json!({})),
+                None,
+            ),
+            (
+                "made before the control plane was put in a shard",
+                in_shard(plain(), "s0"),
+                synced(&plain(), json!({})),
+                Some(Some(Some("s0".into()))),
+            ),
+            (
+                "moved to another shard",
+                in_shard(plain(), "s1"),
+                synced(&in_shard(plain(), "s0"), json!({})),
+                Some(Some(Some("s1".into()))),
+            ),
+            (
+                "taken out of sharding: the label we put there goes",
+                plain(),
+                synced(&in_shard(plain(), "s0"), json!({})),
+                Some(Some(None)),
+            ),
+            (
+                "someone removed it from the Machine: put back",
+                in_shard(plain(), "s0"),
+                {
+                    let mut m = synced(&in_shard(plain(), "s0"), json!({}));
+                    m.labels_mut().remove(WATCH_FILTER_LABEL);
+                    m
+                },
+                Some(Some(Some("s0".into()))),
+            ),
+            (
+                "the control plane's label wins over the template's",
+                in_shard(templated(), "s0"),
+                synced(&templated(), json!({})),
+                Some(Some(Some("s0".into()))),
+            ),
+            (
+                "never sharded, never labelled: nothing to do",
+                plain(),
+                synced(&plain(), json!({})),
+                None,
+            ),
+        ];
+        for (situation, kcp, machine, want) in cases {
+            assert_eq!(shard_label(plan_sync(&kcp, &machine)), want, "{situation}");
+        }
+        let born = born_metadata(&in_shard(plain(), "s0"), BTreeMap::new());
+        assert_eq!(
+            born.labels.get(WATCH_FILTER_LABEL).map(String::as_str),
+            Some("s0"),
+            "a new Machine is born in its shard"
+        );
     }
 
     #[test]

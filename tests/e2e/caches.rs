@@ -13,6 +13,7 @@ use std::time::Duration;
 use k3s_control_plane::api::{Cluster, KThreesControlPlane, Machine};
 use k3s_control_plane::apiserver::TestApiServer;
 use k3s_control_plane::controller::caches::WatchCaches;
+use k3s_control_plane::controller::machine_store::{MachineStore, MachineStoreWriter};
 use k3s_control_plane::controller::reconcile::reconcile;
 use k3s_control_plane::harness::sandbox::{CLUSTER, KCP, NAMESPACE, Sandbox, fast_settings};
 use kube::Api;
@@ -132,6 +133,17 @@ where
     (store, writer)
 }
 
+/// [`stale_store`] for the Machine store.
+fn stale_machine_store(machines: Vec<Machine>) -> (MachineStore, MachineStoreWriter) {
+    let (store, mut writer) = MachineStore::new();
+    writer.apply(&Event::Init);
+    for machine in machines {
+        writer.apply(&Event::InitApply(machine));
+    }
+    writer.apply(&Event::InitDone);
+    (store, writer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_to_act_on_a_lagging_cache_is_taken_again_on_a_fresh_read() {
     let sandbox = Sandbox::start(3).await.unwrap();
@@ -146,12 +158,9 @@ async fn a_decision_to_act_on_a_lagging_cache_is_taken_again_on_a_fresh_read() {
 
     // A cache that has not seen the third Machine yet: on it alone, the
     // control plane is one short and a Machine would be created.
-    let (machine_store, _machine_writer) = stale_store::<Machine>(all[..2].to_vec());
+    let (machine_store, _machine_writer) = stale_machine_store(all[..2].to_vec());
     let (cluster_store, _cluster_writer) = stale_store(vec![cluster]);
-    ctx.install_caches(Some(WatchCaches {
-        machines: machine_store,
-        clusters: cluster_store,
-    }));
+    ctx.install_caches(Some(WatchCaches::unsharded(machine_store, cluster_store)));
     let kcp: KThreesControlPlane = sandbox.kcp_api().get(KCP).await.unwrap();
     reconcile(Arc::new(kcp), ctx.clone()).await.unwrap();
 
@@ -165,16 +174,13 @@ async fn a_decision_to_act_on_a_lagging_cache_is_taken_again_on_a_fresh_read() {
 
     // With a current cache the same reconcile acts on nothing and needs no
     // fresh read: the Secrets were cached by the read above.
-    let (machine_store, _machine_writer) = stale_store::<Machine>(after);
+    let (machine_store, _machine_writer) = stale_machine_store(after);
     let cluster: Cluster = Api::namespaced(sandbox.client(), NAMESPACE)
         .get(CLUSTER)
         .await
         .unwrap();
     let (cluster_store, _cluster_writer) = stale_store(vec![cluster]);
-    ctx.install_caches(Some(WatchCaches {
-        machines: machine_store,
-        clusters: cluster_store,
-    }));
+    ctx.install_caches(Some(WatchCaches::unsharded(machine_store, cluster_store)));
     let before = counts(&sandbox.management);
     let kcp: KThreesControlPlane = sandbox.kcp_api().get(KCP).await.unwrap();
     let before_get = counts(&sandbox.management);
@@ -197,5 +203,172 @@ async fn a_decision_to_act_on_a_lagging_cache_is_taken_again_on_a_fresh_read() {
             .items
             .len(),
         3
+    );
+}
+
+/// A shard's Machine watch selects its label. Machines made before the
+/// control plane was put in the shard are listed from the API (never taken as
+/// absent) until the controller has labelled them; from then an idle
+/// reconcile reads nothing from the management API. A Machine whose label
+/// someone removes leaves the store: its cluster is listed again (no Machine
+/// is created for it) and the label is put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_reads_machines_from_its_cache_only_once_all_carry_its_label() {
+    use k3s_control_plane::api::KThreesConfig;
+    use k3s_control_plane::api::names::WATCH_FILTER_LABEL;
+    use kube::ResourceExt;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let sandbox = Sandbox::start(3).await.unwrap();
+    let shard =
+        |value: serde_json::Value| json!({"metadata": {"labels": {WATCH_FILTER_LABEL: value}}});
+    Api::<Cluster>::namespaced(sandbox.client(), NAMESPACE)
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(&shard(json!("shard-a"))),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .kcp_api()
+        .patch(
+            KCP,
+            &PatchParams::default(),
+            &Patch::Merge(&shard(json!("shard-a"))),
+        )
+        .await
+        .unwrap();
+    let machines = sandbox.machines_api();
+    let before = machines.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(before.len(), 3);
+    assert!(
+        before
+            .iter()
+            .all(|m| !m.labels().contains_key(WATCH_FILTER_LABEL)),
+        "the sandbox's Machines start without the shard label"
+    );
+    let controller = sandbox.start_controller_with(k3s_control_plane::controller::Settings {
+        watch_filter: Some("shard-a".into()),
+        idle_requeue: Duration::from_millis(300),
+        ..fast_settings()
+    });
+    let ctx = controller.ctx.clone();
+    let covered = || {
+        ctx.caches()
+            .is_some_and(|c| c.machine_coverage.covers(NAMESPACE, CLUSTER))
+    };
+    let configs: Api<KThreesConfig> = Api::namespaced(sandbox.client(), NAMESPACE);
+    let labelled = |label: Option<&String>| label.map(String::as_str) == Some("shard-a");
+    sandbox
+        .wait_for(
+            "every Machine and KThreesConfig labelled for shard-a, and covered",
+            LIMIT,
+            || async {
+                let listed = machines
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for m in &listed.items {
+                    if !labelled(m.labels().get(WATCH_FILTER_LABEL)) {
+                        return Err(format!("Machine {} not labelled", m.name_any()));
+                    }
+                    if let Some(c) = configs
+                        .get_opt(&m.name_any())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        && !labelled(c.labels().get(WATCH_FILTER_LABEL))
+                    {
+                        return Err(format!("KThreesConfig {} not labelled", c.name_any()));
+                    }
+                }
+                if listed.items.len() != 3 {
+                    return Err(format!("{} Machines", listed.items.len()));
+                }
+                if covered() {
+                    Ok(())
+                } else {
+                    Err("not covered yet".into())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    // Settled: idle reconciles read nothing from the management API.
+    wait_reconciles(&ctx, 2).await;
+    let management = counts(&sandbox.management);
+    let from = ctx.metrics.reconciles.get();
+    wait_reconciles(&ctx, 4).await;
+    let idle = diff(&counts(&sandbox.management), &management);
+    assert!(
+        idle.is_empty(),
+        "{} idle reconciles of a covered cluster sent the management API {idle:?}",
+        ctx.metrics.reconciles.get() - from
+    );
+
+    // Someone takes the label off a Machine: it leaves the shard's store.
+    let lost = before[0].name_any();
+    let management = counts(&sandbox.management);
+    machines
+        .patch(
+            &lost,
+            &PatchParams::default(),
+            &Patch::Merge(&shard(serde_json::Value::Null)),
+        )
+        .await
+        .unwrap();
+    sandbox
+        .wait_for(
+            "the label put back and the cluster covered again",
+            LIMIT,
+            || async {
+                let m = machines.get(&lost).await.map_err(|e| e.to_string())?;
+                let count = machines
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                if count != 3 {
+                    return Err(format!(
+                        "{count} Machines: one was created for the unlabelled one"
+                    ));
+                }
+                if labelled(m.labels().get(WATCH_FILTER_LABEL)) && covered() {
+                    Ok(())
+                } else {
+                    Err("not labelled or not covered yet".into())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    let after = diff(&counts(&sandbox.management), &management);
+    let lists = after
+        .get(&("list".to_string(), "machines".to_string()))
+        .copied()
+        .unwrap_or(0);
+    let stale = ctx.metrics.stale_cache_decisions.get();
+    controller.stop().await;
+    // A store missing a Machine would have shown a control plane short of
+    // one: a decision to create it, caught only by the fresh read.
+    assert_eq!(
+        stale, 0,
+        "a decision was taken on a cache that did not hold every Machine"
+    );
+    assert!(
+        lists >= 1,
+        "the cluster was not listed again after a Machine left the store: {after:?}"
+    );
+    assert_eq!(
+        machines
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        3,
+        "no Machine was created"
     );
 }
