@@ -435,37 +435,47 @@ mod tests {
     fn the_control_planes_shard_label_follows_it_to_its_machines() {
         let plain = || kcp(json!({}), None);
         let templated = || kcp(json!({"labels": {WATCH_FILTER_LABEL: "s9"}}), None);
-        let shard_label =
-            |sync: Option<MachineSync>| sync.map(|s| s.labels.get(WATCH_FILTER_LABEL).cloned());
-        let cases: Vec<(
-            &str,
-            KThreesControlPlane,
-            Machine,
-            Option<Option<Option<String>>>,
-        )> = vec![
+        #[derive(Debug, PartialEq)]
+        enum Want {
+            NoSync,
+            Set(&'static str),
+            Remove,
+            SyncWithoutIt,
+        }
+        let shard_label = |sync: Option<MachineSync>| match sync {
+            None => Want::NoSync,
+            Some(s) => match s.labels.get(WATCH_FILTER_LABEL) {
+                Some(Some(v)) if v == "s0" => Want::Set("s0"),
+                Some(Some(v)) if v == "s1" => Want::Set("s1"),
+                Some(Some(v)) => panic!("unexpected value {v}"),
+                Some(None) => Want::Remove,
+                None => Want::SyncWithoutIt,
+            },
+        };
+        let cases: Vec<(&str, KThreesControlPlane, Machine, Want)> = vec![
             (
                 "born in a shard: nothing to do",
                 in_shard(plain(), "s0"),
                 synced(&in_shard(plain(), "s0"), json!({})),
-                None,
+                Want::NoSync,
             ),
             (
                 "made before the control plane was put in a shard",
                 in_shard(plain(), "s0"),
                 synced(&plain(), json!({})),
-                Some(Some(Some("s0".into()))),
+                Want::Set("s0"),
             ),
             (
                 "moved to another shard",
                 in_shard(plain(), "s1"),
                 synced(&in_shard(plain(), "s0"), json!({})),
-                Some(Some(Some("s1".into()))),
+                Want::Set("s1"),
             ),
             (
                 "taken out of sharding: the label we put there goes",
                 plain(),
                 synced(&in_shard(plain(), "s0"), json!({})),
-                Some(Some(None)),
+                Want::Remove,
             ),
             (
                 "someone removed it from the Machine: put back",
@@ -475,19 +485,19 @@ mod tests {
                     m.labels_mut().remove(WATCH_FILTER_LABEL);
                     m
                 },
-                Some(Some(Some("s0".into()))),
+                Want::Set("s0"),
             ),
             (
                 "the control plane's label wins over the template's",
                 in_shard(templated(), "s0"),
                 synced(&templated(), json!({})),
-                Some(Some(Some("s0".into()))),
+                Want::Set("s0"),
             ),
             (
                 "never sharded, never labelled: nothing to do",
                 plain(),
                 synced(&plain(), json!({})),
-                None,
+                Want::NoSync,
             ),
         ];
         for (situation, kcp, machine, want) in cases {
