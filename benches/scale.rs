@@ -31,10 +31,11 @@
 //! Run: `cargo bench --bench scale -- [N...] [--remediations K] [--singles S]
 //! [--window SECONDS] [--perf SECONDS] [--unmanaged N] [--no-fleet]
 //! [--no-remediation] [--remediation-concurrency C] [--controller-arg ARG]...
-//! [--etcd-heartbeat-ms MS] [--workload-http] [--sharded N]... [--shards S]`
-//! (needs etcd on PATH; `--sharded N`: N control planes labelled round-robin
-//! for S watch-filter shards (default 3), one `run --watch-filter` process
-//! each, measured per process over the same window; `--perf`: profile the
+//! [--etcd-heartbeat-ms MS] [--workload-http] [--sharded N]... [--shards S]
+//! [--shards-alone]` (needs etcd on PATH; `--sharded N`: N control planes
+//! labelled round-robin for S watch-filter shards (default 3), one `run
+//! --watch-filter` process each, measured per process over the same window,
+//! then with `--shards-alone` once more each with the other shards stopped; `--perf`: profile the
 //! largest N's idle process after its window with `perf record`;
 //! `--controller-arg`: passed to every controller's `run` (the fleet's, the
 //! shards' and the remediation's), e.g. `--controller-arg=--max-chained-steps=0`
@@ -908,6 +909,8 @@ struct ShardedRun {
     refusals: Vec<f64>,
     released: Vec<f64>,
     quiet: bool,
+    /// `--shards-alone`: per shard, a window with the other shards stopped.
+    alone_windows: Vec<Window>,
 }
 
 async fn sharded_fleet(
@@ -917,6 +920,7 @@ async fn sharded_fleet(
     common: &CommonSecrets,
     length: Duration,
     controller_args: &[String],
+    alone: bool,
 ) -> ShardedRun {
     let management = management_server().await.expect("management server");
     let client = management.client();
@@ -1044,11 +1048,40 @@ async fn sharded_fleet(
             );
         }
     }
+    // Each shard on its own: the others stopped (SIGSTOP), so what one
+    // process costs is not what three processes and the world cost on 2 cores.
+    let mut alone_windows = Vec::new();
+    if alone {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        for (s, process) in processes.iter().enumerate() {
+            let others: Vec<Pid> = processes
+                .iter()
+                .enumerate()
+                .filter(|(o, _)| *o != s)
+                .map(|(_, p)| Pid::from_raw(p.pid as i32))
+                .collect();
+            for pid in &others {
+                kill(*pid, Signal::SIGSTOP).expect("SIGSTOP a shard");
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            eprintln!(
+                "sharded N={n}: shard {s} alone (the others stopped), idle window of {} s",
+                length.as_secs()
+            );
+            let servers: Vec<&TestApiServer> = by_shard[s].iter().map(|&i| &workloads[i]).collect();
+            alone_windows.push(idle_window_of(process, &management, servers, length).await);
+            for pid in &others {
+                kill(*pid, Signal::SIGCONT).expect("SIGCONT a shard");
+            }
+        }
+    }
     for process in processes {
         process.stop().await;
     }
     drop(workloads);
     ShardedRun {
+        alone_windows,
         n,
         shards,
         populate,
@@ -1095,10 +1128,10 @@ fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetR
     );
     println!(
         "| process | CPs | VmRSS at status | VmRSS / VmHWM end of window | MiB per CP beyond idle | idle mCPU | \
-         mCPU per CP beyond idle | reconciles in window (to status) | workload reads per reconcile | etcd conns | \
+         mCPU per CP beyond idle | CPU ms per reconcile beyond idle | reconciles in window (to status) | workload reads per reconcile | etcd conns | \
          new etcd conns | foreign clusters held |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let idle_rss = idle.map(|e| mib(e.window.memory_end.0));
     let idle_cpu = idle.map(|e| mcpu(&e.window, ticks));
     let row = |name: String,
@@ -1114,6 +1147,14 @@ fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetR
         let per_mcpu = idle_cpu.map_or("-".into(), |e| {
             format!("{:.3}", (cpu - e) / planes.max(1) as f64)
         });
+        // mCPU x s = ms: what a reconcile cost beyond the idle process,
+        // whatever share of a round the window caught.
+        let per_reconcile_ms = match idle_cpu {
+            Some(e) if w.reconciles > 0 => {
+                format!("{:.2}", (cpu - e) * w.seconds / w.reconciles as f64)
+            }
+            _ => "-".into(),
+        };
         let wl = split(&w.workload);
         let per_reconcile = if w.reconciles == 0 {
             "-".to_string()
@@ -1124,7 +1165,7 @@ fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetR
             )
         };
         println!(
-            "| {name} | {planes} | {at_status:.1} MiB | {:.1} / {:.1} MiB | {per_mib} | {cpu:.1} | {per_mcpu} | {} ({to_status}) | {per_reconcile} | {} -> {} | {} | {foreign} |",
+            "| {name} | {planes} | {at_status:.1} MiB | {:.1} / {:.1} MiB | {per_mib} | {cpu:.1} | {per_mcpu} | {per_reconcile_ms} | {} ({to_status}) | {per_reconcile} | {} -> {} | {} | {foreign} |",
             mib(w.memory_end.0),
             mib(w.memory_end.1),
             w.reconciles,
@@ -1151,6 +1192,16 @@ fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetR
             w,
             r.reconciles_to_status[s].to_string(),
             r.foreign[s].to_string(),
+        );
+    }
+    for (s, w) in r.alone_windows.iter().enumerate() {
+        row(
+            format!("shard {s} alone (the others stopped)"),
+            r.planes[s],
+            mib(r.memory_at_status[s].0),
+            w,
+            r.reconciles_to_status[s].to_string(),
+            "-".into(),
         );
     }
     let reconciles: u64 = r.windows.iter().map(|w| w.reconciles).sum();
@@ -1891,6 +1942,9 @@ struct Options {
     sharded: Vec<usize>,
     /// `--shards S` (default 3).
     shards: usize,
+    /// `--shards-alone`: after the shards' common window, one more window per
+    /// shard with the other shard processes stopped (SIGSTOP).
+    shards_alone: bool,
 }
 
 fn options() -> Options {
@@ -1908,6 +1962,7 @@ fn options() -> Options {
         heartbeat_ms: ETCD_HEARTBEAT_MS,
         sharded: Vec::new(),
         shards: 3,
+        shards_alone: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1925,6 +1980,7 @@ fn options() -> Options {
             "--unmanaged" => o.unmanaged.push(value("--unmanaged") as usize),
             "--sharded" => o.sharded.push(value("--sharded") as usize),
             "--shards" => o.shards = value("--shards") as usize,
+            "--shards-alone" => o.shards_alone = true,
             "--perf" => o.perf = Some(value("--perf")),
             "--remediation-concurrency" => {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
@@ -2033,8 +2089,16 @@ fn main() {
                 print_fleet(&runs, ticks);
             }
             for &n in &o.sharded {
-                let run =
-                    sharded_fleet(n, o.shards, &infos, &common, o.window, &o.controller_args).await;
+                let run = sharded_fleet(
+                    n,
+                    o.shards,
+                    &infos,
+                    &common,
+                    o.window,
+                    &o.controller_args,
+                    o.shards_alone,
+                )
+                .await;
                 // The single-process baseline beside it: the largest managed
                 // fleet of this run, if any.
                 let single = runs
