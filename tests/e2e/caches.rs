@@ -50,6 +50,25 @@ async fn wait_reconciles(ctx: &k3s_control_plane::controller::Context, more: u64
     }
 }
 
+/// After 2 more reconciles (the last writes settle), the requests the
+/// management and workload APIs got over the next `reconciles`, and how
+/// many reconciles that window held.
+async fn idle_requests(
+    ctx: &k3s_control_plane::controller::Context,
+    sandbox: &Sandbox,
+    reconciles: u64,
+) -> (Counts, Counts, u64) {
+    wait_reconciles(ctx, 2).await;
+    let (management, workload) = (counts(&sandbox.management), counts(&sandbox.workload));
+    let from = ctx.metrics.reconciles.get();
+    wait_reconciles(ctx, reconciles).await;
+    (
+        diff(&counts(&sandbox.management), &management),
+        diff(&counts(&sandbox.workload), &workload),
+        ctx.metrics.reconciles.get() - from,
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_reconciles_read_nothing_from_the_management_api_and_list_nodes_once() {
     let sandbox = Sandbox::start(3).await.unwrap();
@@ -83,15 +102,7 @@ async fn idle_reconciles_read_nothing_from_the_management_api_and_list_nodes_onc
         .await
         .unwrap();
     // The first reconciles read and wrote; from here nothing changes.
-    wait_reconciles(&ctx, 2).await;
-    let (management, workload) = (counts(&sandbox.management), counts(&sandbox.workload));
-    let from = ctx.metrics.reconciles.get();
-    wait_reconciles(&ctx, 6).await;
-    let (management, workload) = (
-        diff(&counts(&sandbox.management), &management),
-        diff(&counts(&sandbox.workload), &workload),
-    );
-    let reconciles = ctx.metrics.reconciles.get() - from;
+    let (management, workload, reconciles) = idle_requests(&ctx, &sandbox, 6).await;
     controller.stop().await;
 
     // Leader election is off in the sandbox's controller: no Lease requests.
@@ -296,15 +307,10 @@ async fn a_shard_reads_machines_from_its_cache_only_once_all_carry_its_label() {
         .await
         .unwrap();
     // Settled: idle reconciles read nothing from the management API.
-    wait_reconciles(&ctx, 2).await;
-    let management = counts(&sandbox.management);
-    let from = ctx.metrics.reconciles.get();
-    wait_reconciles(&ctx, 4).await;
-    let idle = diff(&counts(&sandbox.management), &management);
+    let (idle, _, reconciles) = idle_requests(&ctx, &sandbox, 4).await;
     assert!(
         idle.is_empty(),
-        "{} idle reconciles of a covered cluster sent the management API {idle:?}",
-        ctx.metrics.reconciles.get() - from
+        "{reconciles} idle reconciles of a covered cluster sent the management API {idle:?}"
     );
 
     // Someone takes the label off a Machine: it leaves the shard's store.
