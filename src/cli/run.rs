@@ -79,6 +79,8 @@ pub struct RunArgs {
     /// need list/watch on Secrets); a reconcile about to act reads them again
     /// whatever this says, so this only bounds how late a changed or deleted
     /// Secret shows in the status of a control plane that is otherwise idle.
+    /// With `--watch-filter`, also how long a cluster's Machines are served
+    /// from the shard's cache before they are listed once more.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub secret_refresh: Duration,
     /// Removal steps (of a remediation or scale-down) one reconcile takes
