@@ -33,7 +33,7 @@ use super::observe::{ManagementRead, WorkloadObservation, observe_management, ob
 use super::publish::publish;
 
 use super::status::{write_kcp_status, write_kcp_status_after, write_machine_conditions};
-use super::sync_machines::sync_machines;
+use super::sync_machines::{planned_syncs, sync_machines};
 use crate::decision::chain::chained_pass_may_act;
 use crate::decision::pace::{self, Next, Paces};
 use crate::decision::plan::Action;
@@ -416,17 +416,16 @@ async fn act_on_plan(
     // In place, no rollout: template metadata and node*Timeouts (CAPI's
     // syncMachines). Asked first whether the control plane is still ours: a
     // late pass of the shard it left would label its Machines back.
-    if world
-        .machines
-        .iter()
-        .any(|m| crate::decision::machine_sync::plan_sync(kcp, m).is_some())
+    let planned = planned_syncs(&world);
+    if !planned.is_empty()
         && left_this_shard(ctx, kcps, kcp, "sync-machines")
             .await?
             .is_some()
     {
         return Ok(Pass::Done(Requeue::await_change()));
     }
-    for updated in sync_machines(ctx, &world).await? {
+    let written = sync_machines(ctx, &world, planned).await?;
+    for updated in written {
         world.replace_machine(updated);
     }
     // What our handshakes saw of certificate expiry, told to CAPI.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tracing::{debug, info};
 
 use crate::api::{KThreesConfig, Machine};
-use crate::decision::machine_sync::plan_sync;
+use crate::decision::machine_sync::{MachineSync, plan_sync};
 
 use super::context::Context;
 use super::error::{Error, Result};
@@ -20,19 +20,31 @@ use crate::decision::world::World;
 
 const STEP: &str = "sync-machines";
 
-/// Bring every non-deleting Machine of `world` in line with the template (see
-/// the module doc); returns the Machines as written, to replace the observed
-/// ones (later writes of this reconcile are conditional on their versions).
-pub async fn sync_machines(ctx: &Context, world: &World) -> Result<Vec<Machine>> {
+/// What each Machine of `world` needs ([`plan_sync`]), decided once: the
+/// caller asks whether it may write before [`sync_machines`] writes it.
+pub fn planned_syncs(world: &World) -> Vec<(&Machine, MachineSync)> {
+    world
+        .machines
+        .iter()
+        .filter_map(|m| plan_sync(&world.kcp, m).map(|sync| (m, sync)))
+        .collect()
+}
+
+/// Apply `planned` (from [`planned_syncs`]): bring those Machines in line with
+/// the template (see the module doc); returns the Machines as written, to
+/// replace the observed ones (later writes of this reconcile are conditional
+/// on their versions).
+pub async fn sync_machines(
+    ctx: &Context,
+    world: &World,
+    planned: Vec<(&Machine, MachineSync)>,
+) -> Result<Vec<Machine>> {
     let kcp = &world.kcp;
     let namespace = kcp.namespace().unwrap_or_default();
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
     let configs: Api<KThreesConfig> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut written = vec![];
-    for machine in &world.machines {
-        let Some(sync) = plan_sync(kcp, machine) else {
-            continue;
-        };
+    for (machine, sync) in planned {
         let name = machine.name_any();
         if sync.touches_metadata() {
             let patch = sync.metadata_patch();
