@@ -34,31 +34,35 @@ struct Index {
 }
 
 impl Index {
-    fn insert(&mut self, machine: Machine) {
+    /// File `machine`; the cluster it was filed under before, if that is
+    /// another one (it left that cluster's LIST).
+    fn insert(&mut self, machine: Machine) -> Option<ClusterKey> {
         let key = (machine.namespace().unwrap_or_default(), machine.name_any());
-        self.remove(&key);
+        let was = self.remove(&key);
         // A Machine without the label is in no cluster's LIST.
         let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL).cloned() else {
-            return;
+            return was;
         };
         let cluster_key = (key.0.clone(), cluster);
+        let left = was.filter(|w| *w != cluster_key);
         self.by_cluster
             .entry(cluster_key.clone())
             .or_default()
             .insert(key.1.clone(), Arc::new(machine));
         self.filed.insert(key, cluster_key);
+        left
     }
 
-    fn remove(&mut self, key: &MachineKey) {
-        let Some(cluster_key) = self.filed.remove(key) else {
-            return;
-        };
+    /// Unfile a Machine; the cluster it was filed under.
+    fn remove(&mut self, key: &MachineKey) -> Option<ClusterKey> {
+        let cluster_key = self.filed.remove(key)?;
         if let Some(machines) = self.by_cluster.get_mut(&cluster_key) {
             machines.remove(&key.1);
             if machines.is_empty() {
                 self.by_cluster.remove(&cluster_key);
             }
         }
+        Some(cluster_key)
     }
 }
 
@@ -116,24 +120,46 @@ impl MachineStore {
     }
 }
 
+/// What an event did to the clusters' LISTs as the store holds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing left any cluster.
+    Kept,
+    /// A Machine left this `(namespace, cluster)`: deleted, out of the watch
+    /// (its label changed), or filed under another cluster.
+    Left(String, String),
+    /// A list starts over: the store will be replaced whole, and what it drops
+    /// is not reported one by one.
+    Relisting,
+}
+
 impl MachineStoreWriter {
-    pub fn apply(&mut self, event: &Event<Machine>) {
-        match event {
+    pub fn apply(&mut self, event: &Event<Machine>) -> Change {
+        let left = match event {
             Event::Apply(machine) => self.write().insert(machine.clone()),
             Event::Delete(machine) => self
                 .write()
                 .remove(&(machine.namespace().unwrap_or_default(), machine.name_any())),
-            Event::Init => self.relisting = Some(Index::default()),
-            Event::InitApply(machine) => self
-                .relisting
-                .get_or_insert_with(Index::default)
-                .insert(machine.clone()),
+            Event::Init => {
+                self.relisting = Some(Index::default());
+                return Change::Relisting;
+            }
+            Event::InitApply(machine) => {
+                self.relisting
+                    .get_or_insert_with(Index::default)
+                    .insert(machine.clone());
+                None
+            }
             Event::InitDone => {
                 let listed = self.relisting.take().unwrap_or_default();
                 *self.write() = listed;
                 self.store.ready.store(true, Ordering::Release);
+                None
             }
-        }
+        };
+        left.map_or(Change::Kept, |(namespace, cluster)| {
+            Change::Left(namespace, cluster)
+        })
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
@@ -200,20 +226,32 @@ mod tests {
             "the Machine without a cluster label is in no LIST"
         );
 
-        // Relabelled to another cluster: found there only.
-        writer.apply(&Event::Apply(machine("ns", "a-2", Some("b"))));
+        // Relabelled to another cluster: found there only, and cluster a is
+        // told it lost one.
+        assert_eq!(
+            writer.apply(&Event::Apply(machine("ns", "a-2", Some("b")))),
+            Change::Left("ns".into(), "a".into())
+        );
+        assert_eq!(
+            writer.apply(&Event::Apply(machine("ns", "a-2", Some("b")))),
+            Change::Kept,
+            "an update in place leaves no cluster"
+        );
         assert_eq!(names(&store, "ns", "a"), ["a-1"]);
         assert_eq!(names(&store, "ns", "b"), ["a-2", "b-1"]);
         // Its label removed: in no cluster.
         writer.apply(&Event::Apply(machine("ns", "a-2", None)));
         assert_eq!(names(&store, "ns", "b"), ["b-1"]);
-        writer.apply(&Event::Delete(machine("ns", "a-1", Some("a"))));
+        assert_eq!(
+            writer.apply(&Event::Delete(machine("ns", "a-1", Some("a")))),
+            Change::Left("ns".into(), "a".into())
+        );
         assert!(names(&store, "ns", "a").is_empty());
         assert_eq!(store.len(), 2);
 
         // A relist replaces the store whole at its end: what it no longer
         // has is gone without a Delete.
-        writer.apply(&Event::Init);
+        assert_eq!(writer.apply(&Event::Init), Change::Relisting);
         writer.apply(&Event::InitApply(machine("ns", "c-1", Some("c"))));
         assert_eq!(
             names(&store, "ns", "b"),

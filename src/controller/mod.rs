@@ -106,24 +106,19 @@ pub async fn run(
         .default_backoff()
         .modify(caches::trim)
         .inspect_ok(move |event| {
-            // The cover first: a reconcile in between must not take the
-            // store's word for a cluster it no longer holds whole.
-            match event {
-                // Leaving the store (deleted, or its label changed): the LIST
-                // of its cluster may no longer match what the store holds.
-                watcher::Event::Delete(machine) => {
-                    if let (Some(namespace), Some(cluster)) = (
-                        machine.namespace(),
-                        machine.labels().get(crate::api::names::CLUSTER_NAME_LABEL),
-                    ) {
-                        uncovering.forget(&namespace, cluster);
-                    }
+            // A cluster that lost a Machine (deleted, its label changed) is
+            // no longer known to be held whole: listed again before it is
+            // served from the store. A reconcile running between the two
+            // lines may see the store without the Machine while still
+            // covered: like any cache lag, an action decided on that is
+            // checked against a fresh LIST first.
+            match machine_writer.apply(event) {
+                machine_store::Change::Left(namespace, cluster) => {
+                    uncovering.forget(&namespace, &cluster)
                 }
-                // A new list replaces the store; what it drops is not reported.
-                watcher::Event::Init => uncovering.forget_all(),
-                _ => {}
+                machine_store::Change::Relisting => uncovering.forget_all(),
+                machine_store::Change::Kept => {}
             }
-            machine_writer.apply(event);
         })
         .touched_objects();
     let (cluster_store, cluster_writer) = reflector::store();
