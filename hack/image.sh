@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the controller image without a registry: a release binary (built
-# without the `sandbox` feature) plus exactly
+# Builds the controller image without a registry: a release binary (the
+# k3s-control-plane-shipped package, hack/shipped: no `sandbox` feature) plus exactly
 # the shared libraries ldd reports, copied onto `FROM scratch`.
 #
 #   hack/image.sh [tag]                              # release build, k3s-control-plane:dev
-#   IMAGE_BINARY=target/debug/k3s-control-plane hack/image.sh k3s-control-plane:test
+#   IMAGE_BINARY=target/debug/k3s-control-plane-shipped hack/image.sh k3s-control-plane:test
 #
 # IMAGE_BINARY stages an already built binary instead (tests/cli/controller_image.rs
 # stages a debug build of the shipped binary: a cold release build takes
@@ -16,8 +16,8 @@ tag="${1:-k3s-control-plane:dev}"
 bin="${IMAGE_BINARY:-}"
 if [ -z "$bin" ]; then
   # The shipped controller: no test API server, no simulated world, no demo.
-  cargo build --release --no-default-features --bin k3s-control-plane
-  bin=target/release/k3s-control-plane
+  cargo build --release -p k3s-control-plane-shipped
+  bin=target/release/k3s-control-plane-shipped
 fi
 root=target/image-root
 rm -rf "$root" && mkdir -p "$root/etc/ssl/certs"

@@ -28,33 +28,36 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const IMAGE: &str = "k3s-control-plane:test";
 
-/// The controller as shipped: built without the `sandbox` feature (no test API
-/// server, no simulated world, no `demo`), in its own target directory so
-/// that the binary the other tests run keeps its `demo`. Built once per run.
+/// The controller as shipped: the `k3s-control-plane-shipped` package
+/// (hack/shipped), `src/main.rs` over the library built without the
+/// `sandbox` feature (no test API server, no simulated world, no `demo`).
+/// Built once per run, in this target directory: only the library and the
+/// binary compile, the dependencies are the tests' own, and the sandbox
+/// binary the other tests run keeps its name.
 fn shipped_binary() -> &'static std::path::Path {
     static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/shipped");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let t0 = Instant::now();
         let out = Command::new(cargo)
-            .args([
-                "build",
-                "--no-default-features",
-                "--bin",
-                "k3s-control-plane",
-            ])
-            .args(["--target-dir", dir])
+            .args(["build", "-p", "k3s-control-plane-shipped"])
+            .arg("--message-format=json-render-diagnostics")
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .expect("run cargo build");
         assert!(
             out.status.success(),
-            "cargo build --no-default-features failed:\n{}",
+            "cargo build -p k3s-control-plane-shipped failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         eprintln!("shipped binary built in {:.1?}", t0.elapsed());
-        std::path::PathBuf::from(dir).join("debug/k3s-control-plane")
+        // Where cargo put it (CARGO_TARGET_DIR may move the target directory).
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| m["target"]["name"] == "k3s-control-plane-shipped")
+            .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+            .expect("cargo build reported no k3s-control-plane-shipped executable")
     })
 }
 
