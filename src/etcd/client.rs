@@ -2,9 +2,10 @@
 //!
 //! etcd answers `MoveLeader` only on the leader and `MemberRemove` must reach a
 //! member that stays, so requests are addressed to a chosen member, never
-//! load-balanced. Each member has one pooled HTTP/2 connection (a plain tonic
-//! channel), cached per dial address and rebuilt when the client certificate
-//! is renewed; the connections of a cluster share one TLS configuration.
+//! load-balanced. Each member has one pooled HTTP/2 connection
+//! ([`H2Channel`]), cached per dial address and rebuilt when the client
+//! certificate is renewed; the connections of a cluster share one TLS
+//! configuration.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,11 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::Client;
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
-use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::pki_types::ServerName;
 
 use crate::etcd::error::{EtcdError, classify};
+use crate::etcd::h2_channel::{H2Channel, Target};
 use crate::etcd::tls::{ClientIdentity, ClientTls};
 use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
 
@@ -83,7 +83,7 @@ impl Timeouts {
 
 struct Pooled {
     identity: Option<Arc<ClientIdentity>>,
-    channel: tonic::transport::Channel,
+    channel: H2Channel,
 }
 
 /// A TLS configuration and the identity it presents.
@@ -174,7 +174,8 @@ impl MemberClients {
         };
         // A client is a dozen service handles on the channel (a few KiB):
         // made per call rather than kept for every pooled connection.
-        Client::from_channel(etcd_client::Channel::Tonic(channel), None)
+        let channel = tower::util::BoxCloneSyncService::new(channel);
+        Client::from_channel(etcd_client::Channel::Custom(channel), None)
             .await
             .map_err(|e| {
                 classify(
@@ -208,16 +209,14 @@ impl MemberClients {
     }
 
     /// One HTTP/2 connection to `endpoint`, opened on first use and reopened
-    /// by tonic when it breaks: TCP to the dial address, then TLS with
-    /// `config`, verifying the server certificate against the member's name
-    /// (`server_name`, never the dial address). A plain tonic channel, not
-    /// etcd-client's `Client::connect`, which builds a load-balancing channel
-    /// (a discovery channel and task, a ready cache) even for one endpoint.
+    /// when it breaks: TCP to the dial address, then TLS with `config`,
+    /// verifying the server certificate against the member's name
+    /// (`server_name`, never the dial address).
     fn channel(
         &self,
         endpoint: &EtcdEndpoint,
         config: Arc<rustls::ClientConfig>,
-    ) -> Result<tonic::transport::Channel, EtcdError> {
+    ) -> Result<H2Channel, EtcdError> {
         let invalid = |reason: String| EtcdError::InvalidEndpoint {
             url: endpoint.dial.clone(),
             reason,
@@ -226,29 +225,21 @@ impl MemberClients {
             .dial
             .parse()
             .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+        if origin.scheme() != Some(&http::uri::Scheme::HTTPS) {
+            return Err(invalid("not https".into()));
+        }
         let authority = origin
             .authority()
-            .ok_or_else(|| invalid("no host".into()))?;
+            .ok_or_else(|| invalid("no host".into()))?
+            .clone();
         let server_name = ServerName::try_from(endpoint.server_name.clone())
             .map_err(|e| invalid(format!("{}: {e}", endpoint.server_name)))?;
-        // tonic refuses an https URI with a connector of its caller's: the
-        // channel is given the http form of the dial address, requests carry
-        // the https origin, and the connector below only ever speaks TLS.
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
-            .map_err(|e| invalid(e.to_string()))?
-            .origin(origin)
-            .connect_timeout(self.timeouts.connect);
-        let mut tcp = HttpConnector::new();
-        tcp.enforce_http(false);
-        tcp.set_nodelay(true);
-        let tls = HttpsConnector::new(
-            tcp,
-            config,
-            true, // force_https: never a plaintext connection
-            Arc::new(FixedServerNameResolver::new(server_name)),
-        );
-        let connector = tower::ServiceExt::map_request(tls, https_uri);
-        Ok(channel.connect_with_connector_lazy(connector))
+        Ok(H2Channel::lazy(Target {
+            authority,
+            server_name,
+            tls: config,
+            connect_timeout: self.timeouts.connect,
+        }))
     }
 
     /// Run `call` against `endpoint` within `limit`, classifying failures. A
@@ -378,30 +369,6 @@ impl MemberClients {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(endpoint);
-    }
-}
-
-/// `uri` with the https scheme (see [`MemberClients::channel`]).
-fn https_uri(uri: http::Uri) -> http::Uri {
-    let mut parts = uri.clone().into_parts();
-    parts.scheme = Some(http::uri::Scheme::HTTPS);
-    // Should it not parse, the http URI makes the connector refuse it.
-    http::Uri::from_parts(parts).unwrap_or(uri)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::https_uri;
-
-    #[test]
-    fn the_connector_is_given_the_https_form_of_the_dial_address() {
-        for (given, expected) in [
-            ("http://127.0.0.1:2379", "https://127.0.0.1:2379/"),
-            ("http://[fd00::1]:2379", "https://[fd00::1]:2379/"),
-            ("http://cp-0.example:2379", "https://cp-0.example:2379/"),
-        ] {
-            assert_eq!(https_uri(given.parse().unwrap()).to_string(), expected);
-        }
     }
 }
 

@@ -18,6 +18,7 @@
 pub mod client;
 pub mod cluster;
 pub mod error;
+mod h2_channel;
 pub mod keys;
 pub mod ops;
 pub mod save;
