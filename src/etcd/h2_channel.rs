@@ -7,7 +7,7 @@
 //! once 32 requests have passed through it, takes a second block that it
 //! keeps for good. With one request per member per idle pass that is about
 //! 35 KiB per connection after half an hour, three connections per control
-//! plane (docs/bench-history.md, "Where the memory at rest grows"). An h2
+//! plane (docs/bench-history.md, "Where the RSS at rest grows"). An h2
 //! `SendRequest` is a handle on the connection's own state: a request opens
 //! a stream under its lock, with no queue in between.
 //!
