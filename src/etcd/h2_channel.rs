@@ -355,6 +355,88 @@ mod tests {
         }
     }
 
+    /// A TLS HTTP/2 server for `cp-0.example` that answers every request
+    /// with 200 and shuts a connection down after its first request; the client
+    /// configuration trusting it; and the count of connections accepted.
+    async fn closing_server() -> (
+        std::net::SocketAddr,
+        Arc<rustls::ClientConfig>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let cert = rcgen::generate_simple_self_signed(vec!["cp-0.example".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let mut server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let mut client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let tls = acceptor.accept(tcp).await.unwrap();
+                    let mut connection = h2::server::handshake(tls).await.unwrap();
+                    if let Some(Ok((_request, mut respond))) = connection.accept().await {
+                        let _ = respond.send_response(http::Response::new(()), true);
+                    }
+                    // As a member that stops: GOAWAY, the answer flushed,
+                    // then the connection closed.
+                    connection.graceful_shutdown();
+                    while let Some(Ok(_)) = connection.accept().await {}
+                });
+            }
+        });
+        (addr, Arc::new(client), accepted)
+    }
+
+    /// A member restarted between two calls: the second call finds its
+    /// connection closed and opens another, instead of failing once.
+    #[tokio::test]
+    async fn a_call_after_the_connection_broke_opens_another() {
+        let (addr, tls, accepted) = closing_server().await;
+        let mut shared = channel_to(&addr.to_string());
+        shared.target.tls = tls;
+        let request = || {
+            http::Request::builder()
+                .uri("/etcdserverpb.Maintenance/Status")
+                .body(())
+                .unwrap()
+        };
+
+        let mut first = shared.ready_sender().await.unwrap();
+        let (response, _) = first.send_request(request(), true).unwrap();
+        assert_eq!(response.await.unwrap().status(), 200);
+        // Wait (with a deadline) until the client has seen the close.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while first.clone().ready().await.is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the close was never seen"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let mut second = shared.ready_sender().await.expect("a new connection");
+        let (response, _) = second.send_request(request(), true).unwrap();
+        assert_eq!(response.await.unwrap().status(), 200);
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     /// Nothing listens: the error says it is a TCP connect error, which
     /// `classify` reads as unreachable.
     #[tokio::test]
