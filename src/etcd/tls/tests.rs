@@ -135,10 +135,61 @@ fn minter_reuses_a_fresh_certificate_and_renews_an_old_one() {
         // Issued 50 minutes ago for 1h: 10 minutes (< 1/3) left.
         old.not_before = now - Duration::from_secs(3000);
         old.not_after = now + Duration::from_secs(600);
+        old.renew_at = renewal_time(old.not_before, old.not_after, 0.5);
         *current = Some(Arc::new(old));
     }
     let renewed = minter.current().unwrap();
     assert!(renewed.not_after() > now + Duration::from_secs(3000));
+}
+
+/// A third of the lifetime left, and up to a sixth earlier as the spread
+/// says: an hour's certificate is renewed 40 to 30 minutes after issue.
+#[test]
+fn renewal_falls_between_a_third_and_a_half_of_the_lifetime_left() {
+    let issued = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let expires = issued + Duration::from_secs(3600);
+    for (situation, spread, after_issue) in [
+        ("no spread: a third left", 0.0, 2400),
+        ("half the spread", 0.5, 2100),
+        ("the most spread: a half left", 1.0, 1800),
+        ("below the range: no spread", -1.0, 2400),
+        ("above the range: the most", 7.0, 1800),
+        ("not a number: no spread", f64::NAN, 2400),
+    ] {
+        assert_eq!(
+            renewal_time(issued, expires, spread),
+            issued + Duration::from_secs(after_issue),
+            "{situation}"
+        );
+    }
+}
+
+/// Identities minted in the same second are renewed at different times
+/// after their issue, each within its window.
+#[test]
+fn identities_minted_together_are_renewed_apart() {
+    let minter =
+        ClientCertMinter::new("ca", CA, "ca-key", CA_KEY_SEC1, Duration::from_secs(3600)).unwrap();
+    // How long after its issue each is renewed.
+    let renewals: std::collections::BTreeSet<Duration> = (0..8)
+        .map(|_| {
+            let identity = minter.mint().unwrap();
+            let earliest = renewal_time(identity.not_before, identity.not_after, 1.0);
+            let latest = renewal_time(identity.not_before, identity.not_after, 0.0);
+            assert!(
+                (earliest..=latest).contains(&identity.renew_at),
+                "renewal outside its window"
+            );
+            identity
+                .renew_at
+                .duration_since(identity.not_before)
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        renewals.len() > 1,
+        "every identity renewed at the same time after its issue"
+    );
 }
 
 #[test]
