@@ -32,6 +32,7 @@ pub mod components;
 pub mod controller;
 pub mod decision;
 pub mod etcd;
+pub(crate) mod h2_connection;
 #[cfg(feature = "sandbox")]
 pub mod harness;
 pub mod lifecycle;

@@ -85,6 +85,7 @@ pub struct TestApiServerBuilder {
     listener: Option<std::net::TcpListener>,
     tokens: HashMap<String, auth::UserInfo>,
     enforce_rbac: bool,
+    http1_only: bool,
 }
 
 impl TestApiServerBuilder {
@@ -167,6 +168,14 @@ impl TestApiServerBuilder {
         self
     }
 
+    /// With [TLS](Self::tls), offer only HTTP/1.1 by ALPN, as a server (or a
+    /// proxy in front of one) that does not speak HTTP/2. By default both are
+    /// offered, as kube-apiserver does.
+    pub fn http1_only(mut self) -> Self {
+        self.http1_only = true;
+        self
+    }
+
     /// Serve on this listener (bound by the caller, for instance to know the port
     /// before the server exists) instead of binding 127.0.0.1 on a free port.
     pub fn listener(mut self, listener: std::net::TcpListener) -> Self {
@@ -228,7 +237,7 @@ impl TestApiServerBuilder {
         let server_config = self
             .tls
             .as_ref()
-            .map(ServerTls::server_config)
+            .map(|tls| tls.server_config(self.http1_only))
             .transpose()?;
         let (listener, addr) = match self.listener {
             Some(listener) => {
@@ -363,6 +372,7 @@ impl TestApiServer {
             listener: None,
             tokens: HashMap::new(),
             enforce_rbac: false,
+            http1_only: false,
         }
     }
 

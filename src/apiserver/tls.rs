@@ -94,10 +94,11 @@ fn private_key(pem: &str, what: &'static str) -> Result<PrivateKeyDer<'static>, 
 }
 
 impl ServerTls {
-    /// The rustls server configuration (ring provider, HTTP/1.1 by ALPN), checking
+    /// The rustls server configuration (ring provider; HTTP/2 and HTTP/1.1 by
+    /// ALPN, or HTTP/1.1 alone with `http1_only`), checking
     /// every PEM, the client identity included, so that clients built later cannot fail
     /// on it.
-    pub(super) fn server_config(&self) -> Result<Arc<ServerConfig>, Error> {
+    pub(super) fn server_config(&self, http1_only: bool) -> Result<Arc<ServerConfig>, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -112,8 +113,13 @@ impl ServerTls {
                 private_key(&self.key_pem, "key_pem")?,
             )
             .map_err(|e| tls_error("cert_pem and key_pem", e))?;
-        // axum serves HTTP/1.1 only (its http2 feature is off).
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // axum serves both (its http2 feature is on); kube's client offers
+        // HTTP/1.1 alone, which its WebSocket upgrades need.
+        config.alpn_protocols = if http1_only {
+            vec![b"http/1.1".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
         certificates(&self.ca_pem, "ca_pem")?;
         if let Some((cert, key)) = &self.client_identity {
             certificates(cert, "client_identity certificate")?;

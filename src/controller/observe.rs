@@ -554,7 +554,7 @@ async fn read_workload(
                 .iter()
                 .filter_map(Machine::node_name)
                 .collect();
-            match list_control_plane_nodes(&access.client, &key.to_string(), &expected).await {
+            match list_control_plane_nodes(&access.reads, &key.to_string(), &expected).await {
                 Ok(nodes) => WorkloadState::Nodes(nodes),
                 Err(err) => WorkloadState::Unavailable {
                     reason: err.to_string(),

@@ -16,9 +16,10 @@ use etcd_client::Client;
 use rustls::pki_types::ServerName;
 
 use crate::etcd::error::{EtcdError, classify};
-use crate::etcd::h2_channel::{H2Channel, Target};
+use crate::etcd::h2_channel::H2Channel;
 use crate::etcd::tls::{ClientIdentity, ClientTls};
 use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
+use crate::h2_connection::Target;
 
 /// Time limits for talking to etcd.
 #[derive(Clone, Copy, Debug)]
@@ -239,6 +240,9 @@ impl MemberClients {
             server_name,
             tls: config,
             connect_timeout: self.timeouts.connect,
+            // Set by the channel.
+            windows: None,
+            alpn_h2_only: false,
         }))
     }
 

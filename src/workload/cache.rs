@@ -10,6 +10,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::error::Error;
+use super::reads::WorkloadReads;
 use super::secrets::{
     EtcdAccess, SecretIdentity, etcd_access_from_secret, etcd_secret_name, kubeconfig_from_secret,
     kubeconfig_secret_name, secret_ref,
@@ -92,6 +93,9 @@ pub struct WorkloadAccess {
     pub key: ClusterKey,
     /// Client of the workload cluster's API server.
     pub client: Client,
+    /// The reads of each reconcile (the Node LIST), on a connection of
+    /// their own with no request queue.
+    pub reads: WorkloadReads,
     /// The etcd CA, or "not managed".
     pub etcd: EtcdAccess,
 }
@@ -116,14 +120,14 @@ impl WorkloadAccess {
             })?;
         let config = kubeconfig_from_secret(kubeconfig).await?;
         let etcd = etcd_access_from_secret(secrets.etcd.as_ref())?;
-        let client =
-            super::client::workload_client(config).map_err(|source| Error::BuildClient {
-                secret: secret_ref(kubeconfig),
-                source,
-            })?;
+        let reads = super::client::workload_reads(config).map_err(|source| Error::BuildClient {
+            secret: secret_ref(kubeconfig),
+            source,
+        })?;
         Ok(Self {
             key: key.clone(),
-            client,
+            client: reads.client().clone(),
+            reads,
             etcd,
         })
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt};
 use kube::{Client, Config};
@@ -22,10 +22,15 @@ use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
+use super::reads::WorkloadReads;
+
 /// Servers whose TLS sessions a workload client remembers, to resume rather
 /// than redo a handshake when its connection is reopened: a kubeconfig names
 /// one API server; a few leave room for a load balancer's names.
 pub const RESUMPTION_SERVERS: usize = 4;
+
+/// How long the kube client keeps an idle connection (hyper's default).
+const POOL_IDLE: Duration = Duration::from_secs(90);
 
 /// A client for `config`, as `Client::try_from(config)` would build it but
 /// with a session cache of [`RESUMPTION_SERVERS`], and without a TLS
@@ -34,20 +39,28 @@ pub const RESUMPTION_SERVERS: usize = 4;
 /// platform verifier, which copies the whole OS root store (about 80 KiB)
 /// into every client.
 pub fn workload_client(config: Config) -> Result<Client, kube::Error> {
+    Ok(workload_reads(config)?.client().clone())
+}
+
+/// [`workload_client`], and the reads of the same server on an HTTP/2
+/// connection of their own ([`WorkloadReads`]), secured by the same TLS
+/// configuration (shared: a clone holds the same verifier, identity and
+/// session cache).
+pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
     if config.proxy_url.is_some() {
         // The trust policy refuses a kubeconfig's proxy-url; should one get
         // here, kube's own handling (and its errors) apply unchanged.
-        return Client::try_from(config);
+        return Ok(WorkloadReads::through_client(Client::try_from(config)?));
     }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) {
-        return assemble(config, tcp);
+        return Ok(WorkloadReads::through_client(assemble(config, tcp)?));
     }
     let mut tls = config.rustls_client_config()?;
     tls.resumption = rustls::client::Resumption::in_memory_sessions(RESUMPTION_SERVERS);
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(tls.clone())
         .https_or_http();
     if let Some(name) = &config.tls_server_name {
         let name = rustls::pki_types::ServerName::try_from(name.clone())
@@ -55,7 +68,8 @@ pub fn workload_client(config: Config) -> Result<Client, kube::Error> {
             .map_err(kube::Error::RustlsTls)?;
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    assemble(config, https.enable_http1().wrap_connector(tcp))
+    let client = assemble(config.clone(), https.enable_http1().wrap_connector(tcp))?;
+    WorkloadReads::new(&config, tls, client)
 }
 
 /// kube's stack over `connector` (`make_generic_builder`): timeouts, the
@@ -78,8 +92,15 @@ where
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    // With a timer the pool closes a connection idle for 90 s (hyper's
+    // default); without one it keeps it until the next request. The reads of
+    // every pass go on a connection of their own (`WorkloadReads`), so this
+    // one is idle once bring-up and day-2 requests are done.
     let http_client: hyper_util::client::legacy::Client<_, Body> =
-        hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
+        hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
 
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())

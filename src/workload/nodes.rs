@@ -7,10 +7,11 @@ use std::net::IpAddr;
 use chrono::{DateTime, Utc};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::ListParams;
 
 use super::error::Error;
+use super::reads::WorkloadReads;
 use crate::api::names::{
     K3S_ETCD_IS_VOTER_CONDITION, K3S_ETCD_NODE_ADDRESS_ANNOTATION, K3S_ETCD_NODE_NAME_ANNOTATION,
     NODE_ROLE_CONTROL_PLANE_LABEL, NODE_ROLE_ETCD_LABEL, NODE_ROLE_MASTER_LABEL,
@@ -206,24 +207,21 @@ pub fn control_plane_nodes(nodes: &[Node]) -> Vec<ControlPlaneNode> {
 /// among them, those labelled `master` or `etcd=true` too (an etcd-only server
 /// carries only the etcd label). A steady cluster of API servers costs one
 /// LIST.
-#[tracing::instrument(skip(client, expected))]
+#[tracing::instrument(skip(reads, expected))]
 pub async fn list_control_plane_nodes(
-    client: &Client,
+    reads: &WorkloadReads,
     cluster: &str,
     expected: &[&str],
 ) -> Result<Vec<ControlPlaneNode>, Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let list = |label: &'static str| {
-        let api = api.clone();
-        async move {
-            api.list(&ListParams::default().labels(label))
-                .await
-                .map(|l| l.items)
-                .map_err(|source| Error::ListNodes {
-                    cluster: cluster.to_owned(),
-                    source,
-                })
-        }
+    let list = |label: &'static str| async move {
+        reads
+            .list_all::<Node>(&ListParams::default().labels(label))
+            .await
+            .map(|l| l.items)
+            .map_err(|source| Error::ListNodes {
+                cluster: cluster.to_owned(),
+                source,
+            })
     };
     let mut nodes: Vec<Node> = list(NODE_ROLE_CONTROL_PLANE_LABEL).await?;
     let missing = expected

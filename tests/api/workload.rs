@@ -501,10 +501,12 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
         return;
     }
     install_crypto();
-    let client = kube::Client::try_default().await.unwrap();
-    let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&client, "real", &[])
+    let config = kube::Config::infer().await.unwrap();
+    let reads = k3s_control_plane::workload::client::workload_reads(config).unwrap();
+    let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&reads, "real", &[])
         .await
         .unwrap();
+    eprintln!("read over HTTP/2: {}", reads.over_h2());
     for n in &nodes {
         eprintln!(
             "{} etcd={:?} endpoint={:?}",
@@ -521,6 +523,7 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
 #[tokio::test]
 async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() {
     use k3s_control_plane::apiserver::TestApiServer;
+    use k3s_control_plane::workload::WorkloadReads;
     use k3s_control_plane::workload::nodes::list_control_plane_nodes;
     use kube::api::{Api, PostParams};
     install_crypto();
@@ -568,8 +571,9 @@ async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() 
         found.into_iter().map(|n| n.name).collect()
     };
 
+    let reads = WorkloadReads::through_client(server.client());
     let before = node_lists();
-    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0"])
+    let found = list_control_plane_nodes(&reads, "c1", &["cp-0"])
         .await
         .unwrap();
     assert_eq!(names(found), ["cp-0"]);
@@ -580,7 +584,7 @@ async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() 
     );
 
     let before = node_lists();
-    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0", "legacy-1"])
+    let found = list_control_plane_nodes(&reads, "c1", &["cp-0", "legacy-1"])
         .await
         .unwrap();
     assert_eq!(names(found), ["cp-0", "etcd-3", "legacy-1"]);
@@ -591,7 +595,7 @@ async fn control_plane_nodes_cost_one_list_unless_an_expected_node_is_missing() 
     );
 
     // An etcd-only server's Machine: found by the etcd label.
-    let found = list_control_plane_nodes(&server.client(), "c1", &["cp-0", "etcd-3"])
+    let found = list_control_plane_nodes(&reads, "c1", &["cp-0", "etcd-3"])
         .await
         .unwrap();
     assert_eq!(names(found), ["cp-0", "etcd-3", "legacy-1"]);

@@ -116,10 +116,12 @@ async fn real_k3s_embedded_etcd_is_read_and_mapped_to_its_node() {
     let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
         .await
         .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    let nodes = list_control_plane_nodes(&client, "k3s-container", &[])
+    // The controller's reads: over HTTP/2, which k3s's API server speaks.
+    let reads = k3s_control_plane::workload::client::workload_reads(config).unwrap();
+    let nodes = list_control_plane_nodes(&reads, "k3s-container", &[])
         .await
         .unwrap();
+    assert!(reads.over_h2(), "k3s's API server agreed on HTTP/2");
     assert_eq!(nodes.len(), 1);
     let node = &nodes[0];
     assert_eq!(node.etcd_member_name.as_deref(), Some(member.name.as_str()));
