@@ -16,6 +16,8 @@
 //! - [`rollout`]: pure rollout rules (which Machines are outdated and why, the next rollout step).
 //! - [`components`]: the clusterctl provider artifacts (components YAML, metadata), generated.
 //! - [`controller`]: kube-runtime wiring, status, conditions, events, metrics.
+//! - `h2_connection` (crate-private): one HTTP/2 connection over verified TLS
+//!   with no request queue, for etcd members and the workload Node reads.
 //! - [`yaml`]: YAML in and out with one set of options (any module may use it).
 //! - `apiserver`: an in-process Kubernetes API server for tests and the demo.
 //! - `harness`: local real-etcd clusters with a k3s-like PKI (tests and demo).

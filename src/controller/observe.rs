@@ -137,7 +137,9 @@ struct Reach<'a> {
     key: &'a PoolKey,
     pem: &'a EtcdCaPem<'a>,
     seeds: &'a [String],
-    port_forward: Option<(&'a kube::Client, &'a str)>,
+    /// The workload API (its kube client is made here on first need) and
+    /// the kubeconfig Secret's version.
+    port_forward: Option<(&'a crate::workload::WorkloadReads, &'a str)>,
     /// Member ids a person pinned as the cluster's (annotation).
     pinned: Option<&'a std::collections::BTreeSet<u64>>,
 }
@@ -146,7 +148,7 @@ impl Reach<'_> {
     async fn attempt(&self, port_forward: bool) -> Attempt {
         let via = if port_forward {
             match self.port_forward {
-                Some(via) => Some(via),
+                Some((workload, version)) => Some((workload.client(), version)),
                 None => {
                     return Attempt::Handle(EtcdError::InvalidEndpoint {
                         url: String::new(),
@@ -548,7 +550,7 @@ async fn read_workload(
     let mut workload_client = None;
     world.workload = match ctx.workloads.get(&key, &secrets).await {
         Ok(access) => {
-            workload_client = Some(access.client.clone());
+            workload_client = Some(access.clone());
             let expected: Vec<&str> = world
                 .machines
                 .iter()
@@ -675,7 +677,7 @@ async fn read_workload(
         .unwrap_or_default();
     let port_forward = workload_client
         .as_ref()
-        .map(|c| (c, kubeconfig_version.as_str()));
+        .map(|access| (&access.reads, kubeconfig_version.as_str()));
     let reach = Reach {
         ctx,
         key: &pool_key,

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::Api;
-use kube::{Client, ResourceExt};
 
 use super::error::Error;
 use super::reads::WorkloadReads;
@@ -88,13 +88,11 @@ impl ClusterSecrets {
 }
 
 /// Everything needed to act on one workload cluster.
-#[derive(Clone)]
 pub struct WorkloadAccess {
     pub key: ClusterKey,
-    /// Client of the workload cluster's API server.
-    pub client: Client,
     /// The reads of each reconcile (the Node LIST), on a connection of
-    /// their own with no request queue.
+    /// their own with no request queue, and the kube client of the workload
+    /// cluster's API server (`reads.client()`, made on first need).
     pub reads: WorkloadReads,
     /// The etcd CA, or "not managed".
     pub etcd: EtcdAccess,
@@ -126,7 +124,6 @@ impl WorkloadAccess {
         })?;
         Ok(Self {
             key: key.clone(),
-            client: reads.client().clone(),
             reads,
             etcd,
         })

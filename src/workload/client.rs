@@ -10,14 +10,17 @@
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt};
 use kube::{Client, Config};
-use tower::ServiceBuilder;
 use tower::retry::RetryLayer;
+use tower::util::BoxCloneSyncService;
+use tower::{ServiceBuilder, ServiceExt};
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
@@ -55,7 +58,7 @@ pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) {
-        return Ok(WorkloadReads::through_client(assemble(config, tcp)?));
+        return Ok(WorkloadReads::through_stack(assemble(config, tcp)?));
     }
     let mut tls = config.rustls_client_config()?;
     tls.resumption = rustls::client::Resumption::in_memory_sessions(RESUMPTION_SERVERS);
@@ -68,14 +71,33 @@ pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
             .map_err(kube::Error::RustlsTls)?;
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let client = assemble(config.clone(), https.enable_http1().wrap_connector(tcp))?;
-    WorkloadReads::new(&config, tls, client)
+    let stack = assemble(config.clone(), https.enable_http1().wrap_connector(tcp))?;
+    WorkloadReads::new(&config, tls, stack)
+}
+
+type ResponseBody = UnsyncBoxBody<bytes::Bytes, tower::BoxError>;
+
+/// kube's request stack for one server: what `kube::Client` wraps (in a
+/// tower `Buffer` with a task of its own, made only when a client is needed:
+/// [`KubeStack::client`]).
+#[derive(Clone)]
+pub struct KubeStack {
+    service: BoxCloneSyncService<Request<Body>, Response<ResponseBody>, tower::BoxError>,
+    default_namespace: String,
+}
+
+impl KubeStack {
+    pub fn client(&self) -> Client {
+        // No `with_valid_until`: that is the expiry of an exec plugin's
+        // credentials, and the trust policy refuses exec.
+        ClientBuilder::new(self.service.clone(), self.default_namespace.clone()).build()
+    }
 }
 
 /// kube's stack over `connector` (`make_generic_builder`): timeouts, the
 /// hyper client, then its layers in its order (no gzip, no proxy: those kube
 /// features are off).
-fn assemble<C>(config: Config, connector: C) -> Result<Client, kube::Error>
+fn assemble<C>(config: Config, connector: C) -> Result<KubeStack, kube::Error>
 where
     C: tower::Service<http::Uri> + Clone + Send + Sync + 'static,
     C::Response: hyper::rt::Read
@@ -161,9 +183,13 @@ where
         )
         .map_err(tower::BoxError::from)
         .service(http_client);
-    // No `with_valid_until`: that is the expiry of an exec plugin's
-    // credentials, and the trust policy refuses exec.
-    Ok(ClientBuilder::new(service, config.default_namespace).build())
+    // The trace layer's body type names its closures: boxed to be named.
+    let service = service
+        .map_response(|response| response.map(|body| body.map_err(Into::into).boxed_unsync()));
+    Ok(KubeStack {
+        service: BoxCloneSyncService::new(service),
+        default_namespace: config.default_namespace,
+    })
 }
 
 #[cfg(test)]

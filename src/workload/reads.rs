@@ -16,8 +16,8 @@
 //! HTTP/2 (every kube-apiserver does; a proxy in front of one may not) is
 //! remembered, and its reads go through the kube client from then on.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
+use super::client::KubeStack;
 use crate::h2_connection::{BoxError, ConnectError, H2Connection, ResponseBody, Target};
 
 /// How long one read may take, head and body, when the kubeconfig sets no
@@ -43,12 +44,16 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(30);
 type ReadService =
     BoxCloneSyncService<http::Request<Empty<Bytes>>, http::Response<ResponseBody>, BoxError>;
 
-/// Reads of one workload API server.
-#[derive(Clone)]
+/// Reads of one workload API server, and its kube client for every other
+/// request (port-forwards, a server without HTTP/2), made on first need: a
+/// `kube::Client` is a tower `Buffer` with a task and a queue of its own,
+/// which a cluster reached directly at rest never uses.
 pub struct WorkloadReads {
-    client: Client,
+    client: OnceLock<Client>,
+    /// What the client is made of; `None` once made (or given).
+    stack: Option<KubeStack>,
     /// `None`: the kube client only (plain HTTP, or a proxy in the kubeconfig).
-    h2: Option<Arc<H2Reads>>,
+    h2: Option<H2Reads>,
 }
 
 struct H2Reads {
@@ -62,16 +67,29 @@ struct H2Reads {
 impl WorkloadReads {
     /// Reads through `client` alone.
     pub fn through_client(client: Client) -> Self {
-        Self { client, h2: None }
+        Self {
+            client: OnceLock::from(client),
+            stack: None,
+            h2: None,
+        }
+    }
+
+    /// Reads through the kube client that `stack` makes on first need.
+    pub fn through_stack(stack: KubeStack) -> Self {
+        Self {
+            client: OnceLock::new(),
+            stack: Some(stack),
+            h2: None,
+        }
     }
 
     /// Reads on an HTTP/2 connection to `config`'s server, secured by `tls`
-    /// (the kube client's configuration; its ALPN is set here), with
-    /// `client` for servers that do not speak HTTP/2.
+    /// (the kube client's configuration; its ALPN is set here), with the
+    /// kube client of `stack` for servers that do not speak HTTP/2.
     pub fn new(
         config: &Config,
         mut tls: rustls::ClientConfig,
-        client: Client,
+        stack: KubeStack,
     ) -> Result<Self, kube::Error> {
         let url = &config.cluster_url;
         let invalid = |reason: &str| {
@@ -112,19 +130,31 @@ impl WorkloadReads {
             .service(send)
             .map_err(Into::<BoxError>::into);
         Ok(Self {
-            client,
-            h2: Some(Arc::new(H2Reads {
+            client: OnceLock::new(),
+            stack: Some(stack),
+            h2: Some(H2Reads {
                 service: BoxCloneSyncService::new(service),
                 server: url.to_string(),
                 limit: config.read_timeout.unwrap_or(READ_LIMIT),
                 http1_only: AtomicBool::new(false),
-            })),
+            }),
         })
     }
 
-    /// The kube client of the same server (every other request goes there).
+    /// The kube client of the same server (every other request goes
+    /// there), made on the first call.
     pub fn client(&self) -> &Client {
-        &self.client
+        self.client.get_or_init(|| {
+            self.stack
+                .as_ref()
+                .expect("a WorkloadReads has its client or what to make it of")
+                .client()
+        })
+    }
+
+    /// Whether the kube client has been made.
+    pub fn client_made(&self) -> bool {
+        self.client.get().is_some()
     }
 
     /// Whether reads go on an HTTP/2 connection of their own (not yet known
@@ -145,7 +175,7 @@ impl WorkloadReads {
             .as_ref()
             .filter(|h2| !h2.http1_only.load(Ordering::Relaxed))
         else {
-            return Api::<K>::all(self.client.clone()).list(params).await;
+            return Api::<K>::all(self.client().clone()).list(params).await;
         };
         let request = kube::core::Request::new(K::url_path(&(), None))
             .list(params)
@@ -155,7 +185,7 @@ impl WorkloadReads {
             Err(Failure::NotHttp2(why)) => {
                 tracing::debug!(server = %h2.server, %why, "workload API reads through the kube client");
                 h2.http1_only.store(true, Ordering::Relaxed);
-                Api::<K>::all(self.client.clone()).list(params).await
+                Api::<K>::all(self.client().clone()).list(params).await
             }
             Err(Failure::Kube(e)) => Err(e),
         }
@@ -281,7 +311,8 @@ mod tests {
     }
 
     /// A server that speaks HTTP/2 (as kube-apiserver does) is read on the
-    /// HTTP/2 connection: one LIST per read, the kube client's answer.
+    /// HTTP/2 connection: one LIST per read, the kube client's answer, and
+    /// no kube client made.
     #[tokio::test]
     async fn a_server_that_speaks_http2_is_read_over_it() {
         let ca = TestCa::new("workload-ca");
@@ -304,6 +335,10 @@ mod tests {
             .await
             .expect("list");
         assert_eq!(node_lists(&server) - before, 2);
+        assert!(
+            !reads.client_made(),
+            "reads over HTTP/2 made a kube client (a Buffer, its task and queue)"
+        );
     }
 
     /// A server (or a proxy) that offers HTTP/1.1 alone: the read goes
@@ -325,6 +360,7 @@ mod tests {
             .expect("list");
         assert_eq!(nodes.items.len(), 1);
         assert!(!reads.over_h2(), "HTTP/1.1 was remembered");
+        assert!(reads.client_made());
         reads
             .list_all::<Node>(&control_plane())
             .await

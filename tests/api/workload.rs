@@ -506,7 +506,26 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
     let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&reads, "real", &[])
         .await
         .unwrap();
-    eprintln!("read over HTTP/2: {}", reads.over_h2());
+    // Every kube-apiserver speaks HTTP/2: the reads went on their own
+    // connection, and found what kube's client finds.
+    assert!(
+        reads.over_h2(),
+        "the real API server did not agree on HTTP/2"
+    );
+    let through_kube: Vec<String> = kube::Api::<Node>::all(reads.client().clone())
+        .list(&kube::api::ListParams::default().labels("node-role.kubernetes.io/control-plane"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    let mut over_h2: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    over_h2.sort();
+    let mut through_kube = through_kube;
+    through_kube.sort();
+    assert_eq!(over_h2, through_kube);
+    eprintln!("{} control-plane Nodes read over HTTP/2", nodes.len());
     for n in &nodes {
         eprintln!(
             "{} etcd={:?} endpoint={:?}",
