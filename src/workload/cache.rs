@@ -118,7 +118,7 @@ impl WorkloadAccess {
             })?;
         let config = kubeconfig_from_secret(kubeconfig).await?;
         let etcd = etcd_access_from_secret(secrets.etcd.as_ref())?;
-        let reads = super::client::workload_reads(config).map_err(|source| Error::BuildClient {
+        let reads = super::reads::workload_reads(config).map_err(|source| Error::BuildClient {
             secret: secret_ref(kubeconfig),
             source,
         })?;

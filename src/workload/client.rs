@@ -25,8 +25,6 @@ use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
 
-use super::reads::WorkloadReads;
-
 /// Servers whose TLS sessions a workload client remembers, to resume rather
 /// than redo a handshake when its connection is reopened: a kubeconfig names
 /// one API server; a few leave room for a load balancer's names.
@@ -42,23 +40,34 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 /// platform verifier, which copies the whole OS root store (about 80 KiB)
 /// into every client.
 pub fn workload_client(config: Config) -> Result<Client, kube::Error> {
-    Ok(workload_reads(config)?.client().clone())
+    Ok(match assemble_for(config)? {
+        Assembled::Client(client) => client,
+        Assembled::Http(stack) | Assembled::Https(stack, _) => stack.client(),
+    })
 }
 
-/// [`workload_client`], and the reads of the same server on an HTTP/2
-/// connection of their own ([`WorkloadReads`]), secured by the same TLS
-/// configuration (shared: a clone holds the same verifier, identity and
-/// session cache).
-pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
+/// What [`assemble_for`] made of a kubeconfig.
+pub enum Assembled {
+    /// kube's own client (a proxy in the kubeconfig).
+    Client(Client),
+    /// Plain HTTP.
+    Http(KubeStack),
+    /// HTTPS, and the TLS configuration the stack's connector uses (a clone
+    /// holds the same verifier, identity and session cache).
+    Https(KubeStack, Box<rustls::ClientConfig>),
+}
+
+/// kube's stack for `config`, not yet a client.
+pub fn assemble_for(config: Config) -> Result<Assembled, kube::Error> {
     if config.proxy_url.is_some() {
         // The trust policy refuses a kubeconfig's proxy-url; should one get
         // here, kube's own handling (and its errors) apply unchanged.
-        return Ok(WorkloadReads::through_client(Client::try_from(config)?));
+        return Ok(Assembled::Client(Client::try_from(config)?));
     }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) {
-        return Ok(WorkloadReads::through_stack(assemble(config, tcp)?));
+        return Ok(Assembled::Http(assemble(config, tcp)?));
     }
     let mut tls = config.rustls_client_config()?;
     tls.resumption = rustls::client::Resumption::in_memory_sessions(RESUMPTION_SERVERS);
@@ -71,8 +80,8 @@ pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
             .map_err(kube::Error::RustlsTls)?;
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let stack = assemble(config.clone(), https.enable_http1().wrap_connector(tcp))?;
-    WorkloadReads::new(&config, tls, stack)
+    let stack = assemble(config, https.enable_http1().wrap_connector(tcp))?;
+    Ok(Assembled::Https(stack, Box::new(tls)))
 }
 
 type ResponseBody = UnsyncBoxBody<bytes::Bytes, tower::BoxError>;

@@ -31,7 +31,7 @@ use serde::de::DeserializeOwned;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
-use super::client::KubeStack;
+use super::client::{Assembled, KubeStack, assemble_for};
 use crate::h2_connection::{BoxError, ConnectError, H2Connection, ResponseBody, Target};
 
 /// How long one read may take, head and body, when the kubeconfig sets no
@@ -43,6 +43,17 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 type ReadService =
     BoxCloneSyncService<http::Request<Empty<Bytes>>, http::Response<ResponseBody>, BoxError>;
+
+/// The reads of `config`'s server on an HTTP/2 connection of their own
+/// where it is HTTPS, with the kube client of the same stack (made on first
+/// need), both on one TLS configuration.
+pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
+    Ok(match assemble_for(config.clone())? {
+        Assembled::Client(client) => WorkloadReads::through_client(client),
+        Assembled::Http(stack) => WorkloadReads::through_stack(stack),
+        Assembled::Https(stack, tls) => WorkloadReads::new(&config, *tls, stack)?,
+    })
+}
 
 /// Reads of one workload API server, and its kube client for every other
 /// request (port-forwards, a server without HTTP/2), made on first need: a
@@ -252,7 +263,6 @@ mod tests {
     use super::*;
     use crate::apiserver::{ServerTls, TestApiServer, TestApiServerBuilder};
     use crate::harness::pki::TestCa;
-    use crate::workload::client::workload_reads;
 
     async fn reads_of(kubeconfig: Kubeconfig) -> WorkloadReads {
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())

@@ -502,7 +502,7 @@ async fn lists_control_plane_nodes_of_a_real_cluster() {
     }
     install_crypto();
     let config = kube::Config::infer().await.unwrap();
-    let reads = k3s_control_plane::workload::client::workload_reads(config).unwrap();
+    let reads = k3s_control_plane::workload::reads::workload_reads(config).unwrap();
     let nodes = k3s_control_plane::workload::nodes::list_control_plane_nodes(&reads, "real", &[])
         .await
         .unwrap();

@@ -117,7 +117,7 @@ async fn real_k3s_embedded_etcd_is_read_and_mapped_to_its_node() {
         .await
         .unwrap();
     // The controller's reads: over HTTP/2, which k3s's API server speaks.
-    let reads = k3s_control_plane::workload::client::workload_reads(config).unwrap();
+    let reads = k3s_control_plane::workload::reads::workload_reads(config).unwrap();
     let nodes = list_control_plane_nodes(&reads, "k3s-container", &[])
         .await
         .unwrap();
