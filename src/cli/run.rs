@@ -108,6 +108,13 @@ pub struct RunArgs {
     /// member's live data).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub etcd_defrag_timeout: Duration,
+    /// How long the client certificates minted from each workload cluster's
+    /// etcd CA live. Each is renewed with a third to a half of its life left
+    /// (a key generation and new member connections per cluster): shorter
+    /// limits what a leaked key is worth, longer renews less often. 5m to
+    /// 1440m.
+    #[arg(long, default_value = "60m", value_parser = parse_client_cert_lifetime)]
+    pub etcd_client_cert_lifetime: Duration,
 }
 
 /// etcd's space: `run` acts on it, `inspect` shows what `run` would do.
@@ -179,6 +186,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("{text:?}: unit must be ms, s or m")),
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// `--etcd-client-cert-lifetime`: long enough that a renewal is not every
+/// few passes, short enough to be short-lived.
+pub fn parse_client_cert_lifetime(text: &str) -> Result<Duration, String> {
+    let lifetime = parse_duration(text)?;
+    let (shortest, longest) = (Duration::from_secs(5 * 60), Duration::from_secs(24 * 3600));
+    if lifetime < shortest || lifetime > longest {
+        return Err(format!(
+            "{text:?}: a client certificate lifetime must be between 5m and 1440m"
+        ));
+    }
+    Ok(lifetime)
 }
 
 /// The longest election timeout etcd accepts (`maxElectionMs`, 50000 ms, in
@@ -403,7 +423,8 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let etcd_pool = EtcdPool::with_timeouts(crate::etcd::Timeouts {
         defrag: args.etcd_defrag_timeout,
         ..crate::etcd::Timeouts::for_election_timeout(args.etcd_election_timeout)
-    });
+    })
+    .with_client_cert_lifetime(args.etcd_client_cert_lifetime);
     match election {
         None => {
             probes.set_leadership("leader election disabled: this process acts");
@@ -498,6 +519,7 @@ mod tests {
         assert_eq!(space.default_quota, crate::space_rule::DEFAULT_QUOTA_BYTES);
         assert_eq!(space.thresholds, crate::space_rule::Thresholds::default());
         assert_eq!(args.etcd_defrag_timeout, Duration::from_secs(300));
+        assert_eq!(args.etcd_client_cert_lifetime, Duration::from_secs(3600));
         let args = parse(&[
             "--etcd-space-care",
             "--etcd-quota-backend-bytes=8Gi",
@@ -590,6 +612,26 @@ mod tests {
             assert!(err.contains("at most 50s"), "{refused}: {err}");
         }
         assert!(parse(&["--etcd-election-timeout=2m"]).is_err());
+    }
+
+    #[test]
+    fn client_certificate_lifetimes_are_between_five_minutes_and_a_day() {
+        for (text, seconds) in [("5m", 300), ("60m", 3600), ("1440m", 86400)] {
+            assert_eq!(
+                parse_client_cert_lifetime(text),
+                Ok(Duration::from_secs(seconds))
+            );
+        }
+        for refused in ["299s", "1441m", "0s", "10x"] {
+            assert!(parse_client_cert_lifetime(refused).is_err(), "{refused}");
+        }
+        assert_eq!(
+            parse(&["--etcd-client-cert-lifetime=10m"])
+                .unwrap()
+                .etcd_client_cert_lifetime,
+            Duration::from_secs(600)
+        );
+        assert!(parse(&["--etcd-client-cert-lifetime=1m"]).is_err());
     }
 
     #[test]

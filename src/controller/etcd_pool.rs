@@ -84,6 +84,9 @@ pub struct EtcdPool {
     /// Clusters `auto` switched to port-forward, with why.
     fell_back: Arc<Mutex<HashMap<PoolKey, String>>>,
     timeouts: Option<Timeouts>,
+    /// Of the client certificates minted from each etcd CA; `None`:
+    /// [`CLIENT_CERT_LIFETIME`].
+    client_cert_lifetime: Option<Duration>,
     /// Handles built so far (a new cluster, or a changed CA Secret).
     built: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -103,6 +106,14 @@ impl EtcdPool {
         EtcdPool {
             timeouts: Some(timeouts),
             ..EtcdPool::default()
+        }
+    }
+
+    /// Client certificates minted for new handles live `lifetime`.
+    pub fn with_client_cert_lifetime(self, lifetime: Duration) -> Self {
+        EtcdPool {
+            client_cert_lifetime: Some(lifetime),
+            ..self
         }
     }
 
@@ -146,7 +157,7 @@ impl EtcdPool {
         let tls = ClientTls::minted_from_ca(
             (ca.cert_field, ca.cert),
             (ca.key_field, ca.key),
-            CLIENT_CERT_LIFETIME,
+            self.client_cert_lifetime.unwrap_or(CLIENT_CERT_LIFETIME),
         )
         .map_err(EtcdError::from)?;
         let relay = match port_forward {
@@ -237,5 +248,59 @@ impl EtcdPool {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CA: &[u8] = include_bytes!("../etcd/testdata/ca.crt");
+    const CA_KEY: &[u8] = include_bytes!("../etcd/testdata/ca-sec1.key");
+
+    fn lifetime_of_minted(pool: &EtcdPool) -> Duration {
+        let handle = pool
+            .get(
+                &PoolKey {
+                    namespace: "ns".into(),
+                    cluster: "c1".into(),
+                },
+                &EtcdCaPem {
+                    cert_field: "ns/c1-etcd[tls.crt]",
+                    cert: CA,
+                    key_field: "ns/c1-etcd[tls.key]",
+                    key: CA_KEY,
+                    secret_version: "1",
+                },
+                &["https://10.0.0.1:2379".to_string()],
+            )
+            .expect("a handle");
+        let identity = handle
+            .clients
+            .tls()
+            .client_identity()
+            .expect("minted")
+            .expect("a client certificate");
+        identity
+            .not_after()
+            .duration_since(identity.not_before())
+            .unwrap()
+    }
+
+    /// `--etcd-client-cert-lifetime` reaches the certificates minted for new
+    /// handles (plus the minute they are backdated).
+    #[test]
+    fn minted_client_certificates_live_as_long_as_the_pool_says() {
+        crate::install_crypto_provider();
+        let backdate = Duration::from_secs(60);
+        assert_eq!(
+            lifetime_of_minted(&EtcdPool::default()),
+            CLIENT_CERT_LIFETIME + backdate
+        );
+        let ten_minutes = Duration::from_secs(600);
+        assert_eq!(
+            lifetime_of_minted(&EtcdPool::default().with_client_cert_lifetime(ten_minutes)),
+            ten_minutes + backdate
+        );
     }
 }
