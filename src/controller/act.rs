@@ -51,6 +51,9 @@ pub async fn act(
     let namespace = kcp.namespace().unwrap_or_default();
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut outcome = Outcome::default();
+    // A RemoveMember that found its member already gone (the plan's member
+    // list was older than the fresh snapshot the removal checks again).
+    let mut already_gone = false;
     let (removal, step) = match &plan.action {
         Action::Idle | Action::Wait => return Ok(outcome),
         Action::CreateMachine => {
@@ -226,6 +229,10 @@ pub async fn act(
                     step: step_name.clone(),
                     source,
                 })?;
+            already_gone = matches!(
+                removed.removal,
+                crate::etcd::ops::Removal::AlreadyGone { .. }
+            );
             ctx.metrics
                 .etcd_operation("remove_member", started.elapsed());
             info!(?removed, planned = %assessment, "etcd member removed");
@@ -275,13 +282,17 @@ pub async fn act(
         publish_about(ctx, kcp, event.type_, event.reason, &event.note, related()).await;
         info!(step = %step_name, machine = %removal.machine, rule = UPSTREAM_TAKEOVER_RULE, "{}", event.note);
     }
-    let event = step_events::removal_step_event(
-        &plan.view,
-        &plan.rule,
-        removal,
-        step,
-        outcome.created.as_deref(),
-    );
+    let event = if already_gone {
+        step_events::member_already_gone_event(&plan.view, &plan.rule, removal, step)
+    } else {
+        step_events::removal_step_event(
+            &plan.view,
+            &plan.rule,
+            removal,
+            step,
+            outcome.created.as_deref(),
+        )
+    };
     // Related to the Machine being removed, so that every removal's Events form
     // their own series (the recorder folds Events of one reason and related object).
     publish_about(ctx, kcp, event.type_, event.reason, &event.note, related()).await;

@@ -48,6 +48,38 @@ pub fn removal_step_event(
     }
 }
 
+/// The Event of a `RemoveMember` step whose member was no longer listed when
+/// the removal was checked again on a fresh snapshot: the plan read an older
+/// member list (a member that had not yet applied the removal), so nothing was
+/// removed now, and `EtcdMemberRemoved`, once per removal, is not repeated.
+pub fn member_already_gone_event(
+    view: &ControlPlaneView,
+    rule: &str,
+    removal: &Removal,
+    step: &Step,
+) -> DecisionEvent {
+    let member = match step {
+        Step::RemoveMember { member, .. } => member_label(view, *member),
+        other => other.to_string(),
+    };
+    DecisionEvent {
+        reason: "EtcdMemberAlreadyRemoved",
+        note: format!(
+            "etcd member {member} of {} was no longer listed when its removal was checked again on a fresh snapshot: nothing removed ({rule})",
+            removal.machine
+        ),
+        ..removal_step_event(view, rule, removal, step, None)
+    }
+}
+
+/// A member by its name where the view knows it, else by its id.
+fn member_label(view: &ControlPlaneView, id: u64) -> String {
+    view.membership()
+        .and_then(|m| m.member(id))
+        .map(|m| m.label())
+        .unwrap_or_else(|| format!("{id:016x}"))
+}
+
 /// The Event reason of each step of a removal.
 pub fn removal_step_reason(step: &Step) -> &'static str {
     match step {
@@ -73,12 +105,7 @@ fn removal_step_note(
     step: &Step,
     created: Option<&str>,
 ) -> String {
-    let member_name = |id: u64| {
-        view.membership()
-            .and_then(|m| m.member(id))
-            .map(|m| m.label())
-            .unwrap_or_else(|| format!("{id:016x}"))
-    };
+    let member_name = |id: u64| member_label(view, id);
     match step {
         Step::MoveLeadership { from, to } => format!(
             "moving etcd leadership from {} to {} (removing {}); confirmed on a later pass",
@@ -459,6 +486,39 @@ mod tests {
         assert_eq!(
             removal_step_event(&view(), "r", &scale_down("m2"), &removed, None).note,
             format!("removed etcd member node-m2-00000002 of m2: {assessment}")
+        );
+    }
+
+    /// The member was gone by the time the removal was checked again: its
+    /// own reason (never a second `EtcdMemberRemoved`), the member and the
+    /// Machine named, and the step still counted as the remediation's.
+    #[test]
+    fn a_member_found_already_gone_is_no_second_removal() {
+        let assessment = crate::quorum::assess_removal(&[member(1), member(2), member(3)], 2);
+        let removed = Step::RemoveMember {
+            member: 2,
+            via: 1,
+            assessment,
+        };
+        let event =
+            member_already_gone_event(&view(), "remediation.remove", &remediation("m2"), &removed);
+        assert_eq!(event.reason, "EtcdMemberAlreadyRemoved");
+        assert_ne!(event.reason, removal_step_reason(&removed));
+        assert_eq!(
+            event.note,
+            "etcd member node-m2-00000002 of m2 was no longer listed when its removal was checked again on a fresh snapshot: nothing removed (remediation.remove)"
+        );
+        assert_eq!(event.type_, EventType::Normal);
+        assert_eq!(
+            event.remediation_outcome,
+            removal_step_event(
+                &view(),
+                "remediation.remove",
+                &remediation("m2"),
+                &removed,
+                None
+            )
+            .remediation_outcome
         );
     }
 
