@@ -48,6 +48,28 @@
 //! by default they speak mutual TLS as k3s does, with the cluster's server CA
 //! in the kubeconfig and an admin client certificate).
 //!
+//! Instructions (`--instructions [--callgrind-dir DIR]`): every controller
+//! process runs under `valgrind --tool=callgrind --instr-atstart=no`
+//! (bring-up at valgrind's base slowdown); each window turns callgrind's
+//! instrumentation on and zeroes its counters at its start
+//! (`callgrind_control`), dumps them at its end and reads the dump's Ir
+//! total: instructions per idle reconcile and per control plane per second,
+//! beyond the empty process's rate, per process and against the single
+//! process. Each edge waits (up to 30 s) for a moment with no reconcile in
+//! flight, and the reconciles counted are those that ended in the window
+//! (the table shows those in flight at each edge). Unlike /proc CPU time,
+//! the count hardly moves with what else the machine runs (the same
+//! process's Ir per reconcile moved 0.2-0.3 % between two runs), but it is
+//! not blind to it: a process starved by a heavy neighbour had its etcd
+//! connections time out and made them again in the window, up to +20 % per
+//! reconcile at N = 50 (the table marks a window with new connections,
+//! writes or WARN/ERROR lines NOT idle). Under callgrind a busy process
+//! falls behind its requeues (the table shows the reconciles one per control
+//! plane per 60 s would give), so compare Ir per reconcile; Ir per control
+//! plane per second is what the process got through, not what it needs. The
+//! memory and CPU figures are valgrind's. No quiet wait (`wait_quiet`) in
+//! this mode.
+//!
 //! Heap profile: `K3SCP_BENCH_WRAP="heaptrack -o /tmp/scale"` starts every
 //! controller process under that command (split on whitespace); the /proc
 //! figures and the stop signal then go to the controller process itself. Its
@@ -84,7 +106,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
-use common::{ControllerProcess, clock_ticks_per_second, established, established_to_port, mib};
+use common::{
+    ControllerProcess, clock_ticks_per_second, count_instructions, counting_instructions,
+    established, established_to_port, mib,
+};
 
 /// Shared etcd clusters behind the fleet (the harness runs at most 3 per process).
 const ETCD_CLUSTERS: usize = 3;
@@ -456,6 +481,12 @@ async fn all_reconciled(
 /// Wait (polling, up to `limit`) until no other cargo, rustc or test binary
 /// runs, so CPU figures are not polluted. Returns whether it is quiet.
 async fn wait_quiet(limit: Duration) -> bool {
+    // Instructions do not depend on what else runs: no wait, but still say.
+    let limit = if counting_instructions() {
+        Duration::ZERO
+    } else {
+        limit
+    };
     let deadline = Instant::now() + limit;
     let me = std::process::id().to_string();
     loop {
@@ -563,7 +594,56 @@ struct Window {
     /// etcd operations by name (k3scp_etcd_operation_duration_seconds_count).
     etcd_operations: BTreeMap<String, f64>,
     memory_end: (u64, u64),
+    /// `--instructions`: the instructions (callgrind's Ir) the process
+    /// executed over the window.
+    instructions: Option<u64>,
+    /// WARN and ERROR lines the process logged during the window.
+    log_problems: usize,
+    /// Reconciles that ended in the window, and those in flight at its
+    /// start and at its end (begun, `k3scp_reconciles_total`, minus ended,
+    /// `k3scp_reconcile_duration_seconds_count`).
+    finished: u64,
+    in_flight: (u64, u64),
 }
+
+/// Reconciles begun (counted at a reconcile's start) and ended (its
+/// duration observed at its end).
+fn begun_ended(metrics: &BTreeMap<String, f64>) -> (u64, u64) {
+    let get = |name: &str| metrics.get(name).copied().unwrap_or(0.0) as u64;
+    (
+        get("k3scp_reconciles_total"),
+        get("k3scp_reconcile_duration_seconds_count"),
+    )
+}
+
+/// `--instructions`: waits (up to `limit`) for a moment with no reconcile
+/// in flight, so that an instruction window cuts none in two: idle
+/// reconciles come in bursts (every control plane got its status within
+/// seconds, so they requeue together) and a window edge inside a burst
+/// would count the instructions of reconciles it does not count. Looks at
+/// /metrics (which the process executes) only after 0.5 s without a CPU
+/// tick of the process (which costs it nothing). A process busy all along
+/// (behind its requeues) has no such moment: then the deadline passes and
+/// the edge cuts, at most, the reconciles in flight (shown).
+async fn wait_between_reconciles(process: &ControllerProcess, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let ticks = process.cpu_ticks();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if process.cpu_ticks() == ticks {
+            let (begun, ended) = begun_ended(&process.metrics().await);
+            if begun == ended {
+                return;
+            }
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+    }
+}
+
+/// How long a window edge may wait for a moment between reconciles.
+const EDGE_LIMIT: Duration = Duration::from_secs(30);
 
 fn etcd_operation_counts(metrics: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     metrics
@@ -591,6 +671,11 @@ async fn idle_window_refs(
     workloads: &[&TestApiServer],
     length: Duration,
 ) -> Window {
+    let problems0 = process.log_lines_matching(&["ERROR", "WARN"]).len();
+    if counting_instructions() {
+        wait_between_reconciles(process, EDGE_LIMIT).await;
+        process.instructions_start().await;
+    }
     let conns0 = established_to_port(process.pid, ETCD_CLIENT_PORT);
     let metrics0 = process.metrics().await;
     let (m0, w0) = (
@@ -619,6 +704,9 @@ async fn idle_window_refs(
             }
         }
     }
+    if counting_instructions() {
+        wait_between_reconciles(process, EDGE_LIMIT).await;
+    }
     let ticks1 = process.cpu_ticks();
     let seconds = started.elapsed().as_secs_f64();
     let (m1, w1) = (
@@ -627,6 +715,12 @@ async fn idle_window_refs(
     );
     let metrics1 = process.metrics().await;
     let conns1 = established_to_port(process.pid, ETCD_CLIENT_PORT);
+    // Both /metrics reads are inside the counted span, as they are in every window.
+    let instructions = if counting_instructions() {
+        Some(process.instructions_end().await)
+    } else {
+        None
+    };
     let reconciles =
         |m: &BTreeMap<String, f64>| m.get("k3scp_reconciles_total").copied().unwrap_or(0.0) as u64;
     let ops0 = etcd_operation_counts(&metrics0);
@@ -651,6 +745,16 @@ async fn idle_window_refs(
         other_new,
         etcd_operations,
         memory_end: process.memory(),
+        instructions,
+        finished: begun_ended(&metrics1).1 - begun_ended(&metrics0).1,
+        in_flight: (
+            begun_ended(&metrics0).0 - begun_ended(&metrics0).1,
+            begun_ended(&metrics1).0 - begun_ended(&metrics1).1,
+        ),
+        log_problems: process
+            .log_lines_matching(&["ERROR", "WARN"])
+            .len()
+            .saturating_sub(problems0),
     }
 }
 
@@ -813,7 +917,7 @@ async fn fleet(
     let spawned = Instant::now();
     let args: Vec<&str> = controller_args.iter().map(String::as_str).collect();
     let process = ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await;
-    let limit = Duration::from_secs(120 + n as u64);
+    let limit = bring_up_limit(n);
     let all_done = match tokio::time::timeout(limit, done).await {
         Ok(done) => done.expect("KCP watch task"),
         Err(_) => panic!(
@@ -863,6 +967,17 @@ async fn fleet(
         window,
         quiet,
         cached_json,
+    }
+}
+
+/// How long N control planes may take to all have a status: under valgrind
+/// (`--instructions`, instrumentation off) the bring-up runs several times slower.
+fn bring_up_limit(n: usize) -> Duration {
+    let native = Duration::from_secs(120 + n as u64);
+    if counting_instructions() {
+        native * 5
+    } else {
+        native
     }
 }
 
@@ -952,7 +1067,7 @@ async fn sharded_fleet(
             ControllerProcess::spawn_with(&management.kubeconfig(), &args, READY_LIMIT).await,
         );
     }
-    let limit = Duration::from_secs(120 + n as u64);
+    let limit = bring_up_limit(n);
     let all_done = match tokio::time::timeout(limit, done).await {
         Ok(done) => done.expect("KCP watch task"),
         Err(_) => panic!(
@@ -1238,6 +1353,26 @@ fn print_sharded(r: &ShardedRun, idle: Option<&FleetRun>, single: Option<&FleetR
             w.etcd_operations
         );
     }
+    let mut rows: Vec<(String, usize, &Window)> = Vec::new();
+    if let Some(single) = single {
+        rows.push((
+            format!("single process (N={}, baseline)", single.n),
+            single.n,
+            &single.window,
+        ));
+    }
+    let baseline = if single.is_some() { 0 } else { usize::MAX };
+    for (s, w) in r.windows.iter().enumerate() {
+        rows.push((format!("shard {s}, the shards together"), r.planes[s], w));
+    }
+    for (s, w) in r.alone_windows.iter().enumerate() {
+        rows.push((
+            format!("shard {s} alone (the others stopped)"),
+            r.planes[s],
+            w,
+        ));
+    }
+    print_instructions(&rows, idle.map(|e| &e.window), baseline);
 }
 
 /// What CAPI's Machine controller does for a control-plane Machine
@@ -1711,6 +1846,103 @@ async fn remediation(
 
 // ---------------------------------------------------------------- report
 
+/// `--instructions`: per process, the instructions (callgrind's Ir) over its
+/// window, per idle reconcile and per control plane per second, beyond the
+/// empty process's rate (`idle`), and each against the `baseline` row (the
+/// single process). Rows: (name, control planes, window).
+fn print_instructions(rows: &[(String, usize, &Window)], idle: Option<&Window>, baseline: usize) {
+    let rows: Vec<_> = rows
+        .iter()
+        .filter_map(|(name, planes, w)| Some((name, *planes, *w, w.instructions? as f64)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let idle_rate = idle
+        .and_then(|w| Some(w.instructions? as f64 / w.seconds))
+        .unwrap_or(0.0);
+    println!();
+    println!(
+        "instructions (callgrind Ir, counted only over each window: valgrind runs the \
+         processes, so their memory and CPU figures above are valgrind's, not the controller's); \
+         empty process: {:.3e} Ir/s{}",
+        idle_rate,
+        if idle.is_none() {
+            " (none measured: 0 taken)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "| process | CPs | window s | reconciles ended (one per CP per 60 s would be; in flight at start, end) | WARN/ERROR | \
+         new etcd / other connections | \
+         workload requests / etcd ops per reconcile | Ir in window | Ir per reconcile | \
+         Ir per reconcile beyond idle | Ir per CP per s beyond idle | \
+         ratio to single: per reconcile / per CP per s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let figures = |planes: usize, w: &Window, ir: f64| {
+        let beyond = ir - idle_rate * w.seconds;
+        (
+            beyond / w.finished.max(1) as f64,
+            beyond / w.seconds / planes.max(1) as f64,
+        )
+    };
+    let base = rows
+        .get(baseline)
+        .map(|(_, planes, w, ir)| figures(*planes, w, *ir));
+    let mut not_idle = false;
+    for (name, planes, w, ir) in &rows {
+        let (per_reconcile, per_cp_s) = figures(*planes, w, *ir);
+        // New connections (handshakes), writes or WARN/ERROR lines: the
+        // window did more than idle reconciles, and its Ir counts it.
+        let busy = w.etcd_new + w.other_new + w.log_problems > 0
+            || split(&w.management).writes + split(&w.workload).writes > 0;
+        not_idle |= busy;
+        let name = if busy {
+            format!("{name} (NOT idle)")
+        } else {
+            name.to_string()
+        };
+        let wl = split(&w.workload);
+        let etcd_ops: f64 = w.etcd_operations.values().sum();
+        let per = |x: f64| {
+            if w.finished == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", x / w.finished as f64)
+            }
+        };
+        let ratio = base.map_or("-".to_string(), |(r, c)| {
+            format!("{:.3} / {:.3}", per_reconcile / r, per_cp_s / c)
+        });
+        println!(
+            "| {name} | {planes} | {:.1} | {} ({:.0}; {}, {}) | {} | {} / {} | {} / {} | {:.4e} | {:.4e} | {:.4e} | {:.4e} | {ratio} |",
+            w.seconds,
+            w.finished,
+            *planes as f64 * w.seconds / IDLE_REQUEUE.as_secs_f64(),
+            w.in_flight.0,
+            w.in_flight.1,
+            w.log_problems,
+            w.etcd_new,
+            w.other_new,
+            per((wl.reads + wl.watches + wl.writes) as f64),
+            per(etcd_ops),
+            ir,
+            ir / w.finished.max(1) as f64,
+            per_reconcile,
+            per_cp_s,
+        );
+    }
+    if not_idle {
+        println!(
+            "NOT idle: a window with new connections, writes or WARN/ERROR lines (under \
+             valgrind, a starved process's etcd connections time out and are made again): its \
+             Ir per reconcile counts those handshakes and writes; measure again, alone"
+        );
+    }
+}
+
 fn top(counts: &Counts, limit: usize) -> String {
     let mut v: Vec<_> = counts.iter().collect();
     v.sort_by(|a, b| b.1.cmp(a.1));
@@ -1731,6 +1963,12 @@ fn label(r: &FleetRun) -> String {
 
 fn print_fleet(runs: &[FleetRun], ticks: u64) {
     let empty = runs.iter().find(|r| r.n == 0);
+    let rows: Vec<(String, usize, &Window)> = runs
+        .iter()
+        .filter(|r| r.n > 0)
+        .map(|r| (format!("N={}", label(r)), r.n, &r.window))
+        .collect();
+    print_instructions(&rows, empty.map(|e| &e.window), usize::MAX);
     println!();
     println!(
         "controller process (`k3s-control-plane run`, {} build, defaults: idle requeue 60 s, \
@@ -1945,6 +2183,11 @@ struct Options {
     /// `--shards-alone`: after the shards' common window, one more window per
     /// shard with the other shard processes stopped (SIGSTOP).
     shards_alone: bool,
+    /// `--instructions`: every controller under callgrind, instructions
+    /// counted over each window; `--callgrind-dir DIR`: where the dumps go
+    /// (default `target/scale-callgrind/<unix time>`).
+    instructions: bool,
+    callgrind_dir: Option<std::path::PathBuf>,
 }
 
 fn options() -> Options {
@@ -1963,6 +2206,8 @@ fn options() -> Options {
         sharded: Vec::new(),
         shards: 3,
         shards_alone: false,
+        instructions: false,
+        callgrind_dir: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -1981,6 +2226,14 @@ fn options() -> Options {
             "--sharded" => o.sharded.push(value("--sharded") as usize),
             "--shards" => o.shards = value("--shards") as usize,
             "--shards-alone" => o.shards_alone = true,
+            "--instructions" => o.instructions = true,
+            "--callgrind-dir" => {
+                o.callgrind_dir = Some(
+                    args.next()
+                        .expect("--callgrind-dir takes a directory")
+                        .into(),
+                )
+            }
             "--perf" => o.perf = Some(value("--perf")),
             "--remediation-concurrency" => {
                 o.concurrency = Some(value("--remediation-concurrency") as u16)
@@ -2034,6 +2287,23 @@ fn main() {
         .with_writer(std::io::stderr)
         .try_init();
     let o = options();
+    if o.instructions {
+        let dir = o.callgrind_dir.clone().unwrap_or_else(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            format!(
+                "{}/target/scale-callgrind/{now}",
+                env!("CARGO_MANIFEST_DIR")
+            )
+            .into()
+        });
+        count_instructions(&dir);
+        eprintln!(
+            "every controller under callgrind (instrumentation on only in the windows), dumps in {}",
+            dir.display()
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -119,12 +119,101 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
 /// (e.g. `heaptrack -o /tmp/scale`), split on whitespace; unset or empty: none.
 pub const WRAP_ENV: &str = "K3SCP_BENCH_WRAP";
 
+/// A wrapper set by the bench itself ([`count_instructions`]); it wins over [`WRAP_ENV`].
+static WRAP_OVERRIDE: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+/// Where [`count_instructions`] has callgrind write: `<dir>/callgrind.<pid>[.<dump>]`.
+static CALLGRIND_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 fn profiler_wrapper() -> Vec<String> {
+    if let Some(wrapper) = WRAP_OVERRIDE.get() {
+        return wrapper.clone();
+    }
     std::env::var(WRAP_ENV)
         .unwrap_or_default()
         .split_whitespace()
         .map(str::to_string)
         .collect()
+}
+
+/// Every controller process started from now on runs under callgrind with
+/// its instrumentation off (valgrind's base slowdown only), its output in
+/// `dir`; [`ControllerProcess::instructions_start`] and
+/// [`ControllerProcess::instructions_end`] count the instructions (Ir) it
+/// executes between them, whatever else the machine is doing. Call once,
+/// before the first spawn.
+pub fn count_instructions(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).expect("callgrind output directory");
+    let dir = std::fs::canonicalize(dir).expect("callgrind output directory");
+    let wrapper = vec![
+        "valgrind".to_string(),
+        "--tool=callgrind".to_string(),
+        "--instr-atstart=no".to_string(),
+        format!("--callgrind-out-file={}/callgrind.%p", dir.display()),
+    ];
+    assert!(
+        WRAP_OVERRIDE.set(wrapper).is_ok() && CALLGRIND_DIR.set(dir).is_ok(),
+        "count_instructions called twice"
+    );
+}
+
+/// Controller processes run under callgrind ([`count_instructions`]).
+pub fn counting_instructions() -> bool {
+    CALLGRIND_DIR.get().is_some()
+}
+
+/// `callgrind_control ARGS PID` (through vgdb, which interrupts the process
+/// with ptrace when it sits in a system call such as epoll_wait).
+async fn callgrind_control(pid: u32, args: &[&str]) {
+    let limit = Duration::from_secs(120);
+    let run = tokio::process::Command::new("callgrind_control")
+        .args(args)
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("callgrind_control {args:?} {pid}: no answer within {limit:?}"))
+        .expect("run callgrind_control (valgrind installed?)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("OK"),
+        "callgrind_control {args:?} {pid}: {}\n{text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The dumps callgrind wrote so far for `pid`: `callgrind.<pid>.<n>`.
+fn callgrind_dumps(dir: &std::path::Path, pid: u32) -> HashSet<std::path::PathBuf> {
+    let prefix = format!("callgrind.{pid}.");
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The event total (`totals:`, else `summary:`) of a complete callgrind dump;
+/// `None` while the file is not complete (callgrind writes `totals:` last).
+fn callgrind_total(path: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let events = text.lines().find_map(|l| l.strip_prefix("events:"))?;
+    assert_eq!(
+        events.split_whitespace().next(),
+        Some("Ir"),
+        "{path:?}: the first event is not Ir"
+    );
+    let totals = text.lines().find_map(|l| l.strip_prefix("totals:"))?;
+    totals.split_whitespace().next()?.parse().ok()
 }
 
 /// The descendant of `wrapper` that runs `binary` (a profiler such as
@@ -156,9 +245,7 @@ async fn wrapped_process(wrapper: u32, binary: &str, limit: Duration) -> u32 {
             );
             i += 1;
         }
-        if let Some(&pid) = descendants.iter().find(|&&pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == binary)
-        }) {
+        if let Some(&pid) = descendants.iter().find(|&&pid| runs_binary(pid, &binary)) {
             return pid;
         }
         assert!(
@@ -167,6 +254,28 @@ async fn wrapped_process(wrapper: u32, binary: &str, limit: Duration) -> u32 {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `pid` runs `binary`: its executable, or (under valgrind, which execs its
+/// tool binary in the wrapper's own process, so /proc/PID/exe is the tool)
+/// a valgrind tool whose command line holds `binary` as an argument.
+fn runs_binary(pid: u32, binary: &std::path::Path) -> bool {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    if exe == binary {
+        return true;
+    }
+    let valgrind_tool = exe
+        .to_str()
+        .is_some_and(|e| e.contains("/valgrind/") && e.ends_with("-linux"));
+    valgrind_tool
+        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+            cmdline
+                .split(|&b| b == 0)
+                .filter_map(|arg| std::str::from_utf8(arg).ok())
+                .any(|arg| std::fs::canonicalize(arg).is_ok_and(|a| a == binary))
+        })
 }
 
 /// `k3s-control-plane run` against a management API server, in its own process.
@@ -314,6 +423,48 @@ impl ControllerProcess {
             .get("k3scp_reconciles_total")
             .map(|v| *v as u64)
             .unwrap_or_else(|| panic!("no k3scp_reconciles_total in /metrics: {metrics:?}"))
+    }
+
+    /// Under callgrind ([`count_instructions`]): instrumentation on and the
+    /// counters zeroed; what the process executes from here on counts until
+    /// [`Self::instructions_end`].
+    pub async fn instructions_start(&self) {
+        assert!(counting_instructions(), "not under callgrind");
+        callgrind_control(self.pid, &["--instr=on"]).await;
+        callgrind_control(self.pid, &["--zero"]).await;
+    }
+
+    /// Under callgrind: the instructions (Ir) executed since
+    /// [`Self::instructions_start`], from a dump (waited for, with a
+    /// deadline, until complete); instrumentation off again after it.
+    pub async fn instructions_end(&self) -> u64 {
+        let dir = CALLGRIND_DIR.get().expect("not under callgrind");
+        let before = callgrind_dumps(dir, self.pid);
+        callgrind_control(self.pid, &["--dump=window"]).await;
+        let limit = Duration::from_secs(120);
+        let deadline = Instant::now() + limit;
+        let total = loop {
+            let new: Vec<_> = callgrind_dumps(dir, self.pid)
+                .difference(&before)
+                .cloned()
+                .collect();
+            assert!(
+                new.len() <= 1,
+                "more than one new dump of {}: {new:?}",
+                self.pid
+            );
+            if let Some(total) = new.first().and_then(|p| callgrind_total(p)) {
+                break total;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no complete callgrind dump of {} in {dir:?} within {limit:?}",
+                self.pid
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        callgrind_control(self.pid, &["--instr=off"]).await;
+        total
     }
 
     /// SIGINT (the binary's shutdown signal), then wait for it to exit.
