@@ -196,25 +196,21 @@ pub struct ClientIdentity {
     renew_at: SystemTime,
 }
 
-/// When a certificate valid from `not_before` to `not_after` is renewed: with
-/// a third of its lifetime left, and earlier by up to another sixth as
-/// `spread` (0 to 1) says. The clusters a process starts with are minted
-/// within the same minute; spread, their renewals (a key generation and
-/// three new member connections each) fall across a sixth of the lifetime
-/// (10 minutes of an hour) rather than all at once.
-pub(crate) fn renewal_time(
-    not_before: SystemTime,
-    not_after: SystemTime,
-    spread: f64,
-) -> SystemTime {
-    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+/// When a certificate issued at `issued` and valid until `not_after` is
+/// renewed: with a third of its lifetime left, and earlier by up to another
+/// sixth as `spread` (0 to 1) says. The clusters a process starts with are
+/// minted within the same minute; spread, their renewals (a key generation
+/// and three new member connections each) fall across a sixth of the
+/// lifetime (10 minutes of an hour) rather than all at once.
+pub(crate) fn renewal_time(issued: SystemTime, not_after: SystemTime, spread: f64) -> SystemTime {
+    let lifetime = not_after.duration_since(issued).unwrap_or_default();
     let spread = if spread.is_finite() {
         spread.clamp(0.0, 1.0)
     } else {
         0.0
     };
     let left = lifetime.mul_f64(1.0 / 3.0 + spread / 6.0);
-    not_after.checked_sub(left).unwrap_or(not_before)
+    not_after.checked_sub(left).unwrap_or(issued)
 }
 
 /// A uniform draw in [0, 1) for [`renewal_time`]; 0 (no spread) if the
@@ -403,7 +399,10 @@ impl ClientCertMinter {
             subject: format!("CN={CLIENT_COMMON_NAME}"),
             not_before,
             not_after,
-            renew_at: renewal_time(not_before, not_after, random_spread()),
+            // From the moment of issue: the backdated minute is no part of
+            // the lifetime asked for (with 40 s asked, it would make a
+            // certificate due at once).
+            renew_at: renewal_time(now, not_after, random_spread()),
         })
     }
 }
