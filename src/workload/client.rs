@@ -204,16 +204,13 @@ where
 #[cfg(test)]
 #[cfg(feature = "sandbox")]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-
     use k8s_openapi::api::core::v1::Node;
     use kube::Api;
     use kube::api::ListParams;
     use kube::config::KubeConfigOptions;
-    use rcgen::{ExtendedKeyUsagePurpose, SanType};
 
     use super::*;
-    use crate::apiserver::{ServerTls, TestApiServer};
+    use crate::apiserver::TestApiServer;
     use crate::harness::pki::TestCa;
 
     async fn config_of(kubeconfig: kube::config::Kubeconfig) -> Config {
@@ -229,23 +226,11 @@ mod tests {
 
     /// An HTTPS server whose certificate `server_ca` signed, for 127.0.0.1.
     async fn https_server(server_ca: &TestCa) -> TestApiServer {
-        let serving = server_ca.issue(
-            "workload",
-            &[SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST))],
-            &[ExtendedKeyUsagePurpose::ServerAuth],
-        );
-        TestApiServer::builder()
-            .with_core_resources()
-            .tls(ServerTls {
-                ca_pem: server_ca.pair.cert_pem.clone(),
-                cert_pem: serving.cert_pem,
-                key_pem: serving.key_pem,
-                client_ca_pem: None,
-                client_identity: None,
-            })
-            .start()
-            .await
-            .expect("https test server")
+        crate::workload::reads::tests::https(
+            TestApiServer::builder().with_core_resources(),
+            server_ca,
+        )
+        .await
     }
 
     #[tokio::test]

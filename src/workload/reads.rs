@@ -252,7 +252,7 @@ fn api_error(code: http::StatusCode, body: &[u8]) -> kube::Error {
 
 #[cfg(test)]
 #[cfg(feature = "sandbox")]
-mod tests {
+pub(crate) mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
     use k8s_openapi::api::core::v1::Node;
@@ -272,7 +272,7 @@ mod tests {
     }
 
     /// `builder` on HTTPS for 127.0.0.1, its certificate signed by `ca`.
-    async fn https(builder: TestApiServerBuilder, ca: &TestCa) -> TestApiServer {
+    pub(crate) async fn https(builder: TestApiServerBuilder, ca: &TestCa) -> TestApiServer {
         crate::install_crypto_provider();
         let serving = ca.issue(
             "workload",
