@@ -71,7 +71,8 @@ fn code_of(text: &str) -> String {
             test_attr = true;
             continue;
         }
-        if test_attr && trimmed.starts_with("mod ") && trimmed.ends_with('{') {
+        let declares_mod = trimmed.starts_with("mod ") || trimmed.starts_with("pub(crate) mod ");
+        if test_attr && declares_mod && trimmed.ends_with('{') {
             skipping = Some(1);
             test_attr = false;
             continue;
