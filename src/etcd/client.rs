@@ -19,7 +19,6 @@ use crate::etcd::error::{EtcdError, classify};
 use crate::etcd::h2_channel::H2Channel;
 use crate::etcd::tls::{ClientIdentity, ClientTls};
 use crate::etcd::transport::{EtcdEndpoint, Transport, parse_https_url};
-use crate::h2_connection::Target;
 
 /// Time limits for talking to etcd.
 #[derive(Clone, Copy, Debug)]
@@ -235,15 +234,12 @@ impl MemberClients {
             .clone();
         let server_name = ServerName::try_from(endpoint.server_name.clone())
             .map_err(|e| invalid(format!("{}: {e}", endpoint.server_name)))?;
-        Ok(H2Channel::lazy(Target {
+        Ok(H2Channel::to_member(
             authority,
             server_name,
-            tls: config,
-            connect_timeout: self.timeouts.connect,
-            // Set by the channel.
-            windows: None,
-            alpn_h2_only: false,
-        }))
+            config,
+            self.timeouts.connect,
+        ))
     }
 
     /// Run `call` against `endpoint` within `limit`, classifying failures. A

@@ -5,6 +5,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
 
 use crate::h2_connection::{BoxError, H2Connection, Target, Windows};
 
@@ -13,7 +16,7 @@ type GrpcResponse = http::Response<tonic::body::Body>;
 
 /// hyper's HTTP/2 client windows, which tonic's channel used: large enough
 /// that a snapshot streams without waiting on window updates.
-pub(crate) const MEMBER_WINDOWS: Windows = Windows {
+const MEMBER_WINDOWS: Windows = Windows {
     stream: 2 * 1024 * 1024,
     connection: 5 * 1024 * 1024,
 };
@@ -25,14 +28,23 @@ pub(crate) struct H2Channel {
 }
 
 impl H2Channel {
-    /// A channel that connects on its first call. gRPC speaks HTTP/2
-    /// whatever ALPN says, as tonic did.
-    pub(crate) fn lazy(target: Target) -> Self {
+    /// A channel to one member that connects on its first call: TCP to
+    /// `authority`, TLS with `tls` verifying `server_name`, both within
+    /// `connect_timeout`. gRPC speaks HTTP/2 whatever ALPN says, as tonic did.
+    pub(crate) fn to_member(
+        authority: http::uri::Authority,
+        server_name: ServerName<'static>,
+        tls: Arc<rustls::ClientConfig>,
+        connect_timeout: Duration,
+    ) -> Self {
         Self {
             connection: Arc::new(H2Connection::lazy(Target {
+                authority,
+                server_name,
+                tls,
+                connect_timeout,
                 windows: Some(MEMBER_WINDOWS),
                 alpn_h2_only: false,
-                ..target
             })),
         }
     }

@@ -61,7 +61,7 @@ pub fn workload_reads(config: Config) -> Result<WorkloadReads, kube::Error> {
 /// which a cluster reached directly at rest never uses.
 pub struct WorkloadReads {
     client: OnceLock<Client>,
-    /// What the client is made of; `None` once made (or given).
+    /// What the client is made of; `None` when it was given made.
     stack: Option<KubeStack>,
     /// `None`: the kube client only (plain HTTP, or a proxy in the kubeconfig).
     h2: Option<H2Reads>,
@@ -171,9 +171,14 @@ impl WorkloadReads {
     /// Whether reads go on an HTTP/2 connection of their own (not yet known
     /// to be refused by the server).
     pub fn over_h2(&self) -> bool {
+        self.active_h2().is_some()
+    }
+
+    /// The HTTP/2 reads, unless there are none or the server refused them.
+    fn active_h2(&self) -> Option<&H2Reads> {
         self.h2
             .as_ref()
-            .is_some_and(|h2| !h2.http1_only.load(Ordering::Relaxed))
+            .filter(|h2| !h2.http1_only.load(Ordering::Relaxed))
     }
 
     /// LIST a cluster-scoped resource, as `Api::<K>::all(client).list(params)`.
@@ -181,11 +186,7 @@ impl WorkloadReads {
     where
         K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
     {
-        let Some(h2) = self
-            .h2
-            .as_ref()
-            .filter(|h2| !h2.http1_only.load(Ordering::Relaxed))
-        else {
+        let Some(h2) = self.active_h2() else {
             return Api::<K>::all(self.client().clone()).list(params).await;
         };
         let request = kube::core::Request::new(K::url_path(&(), None))
