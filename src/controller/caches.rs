@@ -58,6 +58,20 @@ pub fn trim<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
+/// The annotation `kubectl apply` keeps on what it applied: the whole object
+/// again, for a Secret its data too.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drop from a Secret the Secret cache keeps what no decision reads: the
+/// field-ownership records ([`trim`]) and a `kubectl apply` copy of the whole
+/// Secret, so that a cluster's certificates and keys are held once, not twice.
+pub fn trim_secret(secret: &mut k8s_openapi::api::core::v1::Secret) {
+    trim(secret);
+    if let Some(annotations) = secret.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// The reflector stores the reconcile reads from (installed by
 /// [`super::run`]; without them every read goes to the API).
 #[derive(Clone)]
@@ -273,7 +287,10 @@ pub fn coverage(filter: &str, listed: &[Machine], cached_uids: &BTreeSet<&str>) 
 #[derive(Default)]
 pub struct SecretCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (Instant, ClusterSecretObjects)>>,
+    /// Shared with the reconciles it serves: a map entry is a pointer, not
+    /// five `Secret`s inline (the table keeps spare slots), and a served
+    /// read copies nothing.
+    entries: Mutex<HashMap<String, (Instant, Arc<ClusterSecretObjects>)>>,
 }
 
 impl SecretCache {
@@ -290,7 +307,7 @@ impl SecretCache {
     }
 
     /// The Secrets read less than the refresh period ago, if any.
-    pub fn get(&self, namespace: &str, cluster: &str) -> Option<ClusterSecretObjects> {
+    pub fn get(&self, namespace: &str, cluster: &str) -> Option<Arc<ClusterSecretObjects>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(&Self::key(namespace, cluster))
@@ -306,15 +323,15 @@ impl SecretCache {
         namespace: &str,
         cluster: &str,
         objects: ClusterSecretObjects,
-    ) -> ClusterSecretObjects {
+    ) -> Arc<ClusterSecretObjects> {
         if self.ttl.is_zero() {
-            return objects;
+            return Arc::new(objects);
         }
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let key = Self::key(namespace, cluster);
         let kept = match entries.remove(&key) {
             Some((_, cached)) if cached.same_versions(&objects) => cached,
-            _ => objects,
+            _ => Arc::new(objects),
         };
         entries.insert(key, (Instant::now(), kept.clone()));
         kept
@@ -413,11 +430,11 @@ mod tests {
         let cache = SecretCache::new(Duration::from_secs(60));
         let first = cache.put("ns", "c1", objects("1"));
         let again = cache.put("ns", "c1", objects("1"));
-        assert!(std::sync::Arc::ptr_eq(&first.parsed, &again.parsed));
+        assert!(std::sync::Arc::ptr_eq(&first, &again));
         let served = cache.get("ns", "c1").unwrap();
-        assert!(std::sync::Arc::ptr_eq(&first.parsed, &served.parsed));
+        assert!(std::sync::Arc::ptr_eq(&first, &served));
         let changed = cache.put("ns", "c1", objects("2"));
-        assert!(!std::sync::Arc::ptr_eq(&first.parsed, &changed.parsed));
+        assert!(!std::sync::Arc::ptr_eq(&first, &changed));
         assert_eq!(
             changed
                 .etcd_ca
@@ -435,7 +452,41 @@ mod tests {
         };
         let kept = cache.put("ns", "c2", unversioned());
         let again = cache.put("ns", "c2", unversioned());
-        assert!(!std::sync::Arc::ptr_eq(&kept.parsed, &again.parsed));
+        assert!(!std::sync::Arc::ptr_eq(&kept, &again));
+    }
+
+    /// A cached Secret keeps its data, versions, owners and other
+    /// annotations; it loses the ownership records and `kubectl apply`'s
+    /// second copy of its data.
+    #[test]
+    fn a_cached_secret_is_held_once_without_what_no_decision_reads() {
+        let mut applied: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {
+                "name": "c1-etcd", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "o1", "controller": true}],
+                "annotations": {
+                    LAST_APPLIED: "{\"data\":{\"tls.key\":\"S0VZ\"}}",
+                    "example.com/kept": "yes",
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1"}],
+            },
+            "data": {"tls.key": "S0VZ"},
+        }))
+        .unwrap();
+        let before = applied.clone();
+        trim_secret(&mut applied);
+        assert_eq!(applied.metadata.managed_fields, None);
+        assert_eq!(
+            applied.metadata.annotations,
+            Some([("example.com/kept".to_string(), "yes".to_string())].into())
+        );
+        assert_eq!(applied.data, before.data);
+        assert_eq!(version_of(&applied), version_of(&before));
+        assert_eq!(
+            applied.metadata.owner_references,
+            before.metadata.owner_references
+        );
     }
 
     #[test]
@@ -453,7 +504,10 @@ mod tests {
         cache.put("ns", "c1", objects("1"));
         let served = cache.get("ns", "c1").expect("fresh entry");
         assert_eq!(
-            served.etcd_ca.and_then(|s| s.metadata.resource_version),
+            served
+                .etcd_ca
+                .as_ref()
+                .and_then(|s| s.metadata.resource_version.clone()),
             Some("1".into())
         );
         assert!(cache.get("ns", "c2").is_none(), "per cluster");

@@ -6,7 +6,7 @@
 //! ever updated, guarded by its resourceVersion.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Secret;
@@ -28,16 +28,16 @@ const TOKEN_KEY: &str = TOKEN_SECRET_KEY;
 
 /// The five Secrets as read (`None` = not found). Never logged: no `Debug`.
 /// Built once per read and not changed after: what their content says is
-/// worked out on first use and shared by every clone (the Secret cache hands
-/// out clones to each reconcile until the Secrets are read again).
-#[derive(Clone, Default)]
+/// worked out on first use, once for every reconcile the Secret cache shares
+/// them with until the Secrets are read again.
+#[derive(Default)]
 pub struct ClusterSecretObjects {
     pub server_ca: Option<Secret>,
     pub client_ca: Option<Secret>,
     pub etcd_ca: Option<Secret>,
     pub token: Option<Secret>,
     pub kubeconfig: Option<Secret>,
-    pub(super) parsed: Arc<Parsed>,
+    pub(super) parsed: Parsed,
 }
 
 /// What the Secrets' content says, each part worked out at most once per
@@ -71,10 +71,12 @@ impl ClusterSecretObjects {
     /// Read all five through `api` (the cluster's namespace).
     pub async fn read(api: &Api<Secret>, namespace: &str, cluster: &str) -> Result<Self> {
         let get = |name: String| async move {
-            api.get_opt(&name).await.map_err(|source| Error::Observe {
+            let mut secret = api.get_opt(&name).await.map_err(|source| Error::Observe {
                 context: format!("get Secret {namespace}/{name}"),
                 source,
-            })
+            })?;
+            secret.iter_mut().for_each(super::caches::trim_secret);
+            Ok::<_, Error>(secret)
         };
         Ok(Self {
             server_ca: get(CaPurpose::Server.secret_name(cluster)).await?,
@@ -82,7 +84,7 @@ impl ClusterSecretObjects {
             etcd_ca: get(CaPurpose::Etcd.secret_name(cluster)).await?,
             token: get(format!("{cluster}{TOKEN_SECRET_SUFFIX}")).await?,
             kubeconfig: get(format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")).await?,
-            parsed: Arc::default(),
+            parsed: Parsed::default(),
         })
     }
 
@@ -477,12 +479,12 @@ mod tests {
         }
     }
 
-    /// What the Secrets say is worked out once per read and shared by the
-    /// clones the Secret cache hands out; the verdicts are those of the
+    /// What the Secrets say is worked out once per read, for every reconcile
+    /// the Secret cache shares the read with; the verdicts are those of the
     /// checks themselves.
     #[test]
-    fn the_secrets_content_is_checked_once_per_read_and_shared_by_clones() {
-        let read = objects();
+    fn the_secrets_content_is_checked_once_per_read_and_shared_by_every_reconcile() {
+        let read = std::sync::Arc::new(objects());
         let handed_out = read.clone();
         assert!(read.parsed.cas.iter().all(|c| c.get().is_none()));
         assert!(read.parsed.kubeconfig.get().is_none());
@@ -510,7 +512,7 @@ mod tests {
         assert_eq!(server.as_deref(), Some("https://10.0.0.1:6443"));
         assert_eq!(problem, &None);
 
-        // The original read holds the verdicts its clone worked out.
+        // Every holder of the read sees the verdicts one of them worked out.
         assert!(read.parsed.cas.iter().all(|c| c.get().is_some()));
         assert!(read.parsed.kubeconfig.get().is_some());
         assert_eq!(read.ca_validity(CaPurpose::Server), Some(Ok(())));

@@ -209,7 +209,8 @@ const NOT_READ: &str = "not read: the lifecycle did not get this far";
 
 /// How the management objects of one observation were read.
 pub struct ManagementRead {
-    pub secrets: ClusterSecretObjects,
+    /// As the Secret cache holds them (shared, not copied).
+    pub secrets: Arc<ClusterSecretObjects>,
     /// Which version of each object the observation holds.
     pub fingerprint: ManagementFingerprint,
     /// Some of them came from a cache: read them again before acting.
@@ -266,7 +267,7 @@ pub async fn observe_management(
             now,
         };
         let read = ManagementRead {
-            secrets: ClusterSecretObjects::default(),
+            secrets: Arc::default(),
             fingerprint: ManagementFingerprint::default(),
             from_caches: false,
         };
