@@ -5,6 +5,7 @@ pub mod crds;
 #[cfg(feature = "sandbox")]
 pub mod demo;
 pub mod etcd;
+pub mod heap;
 pub mod inspect;
 pub mod restore;
 pub mod run;

@@ -312,6 +312,16 @@ async fn until_stopped(controller: impl Future<Output = ()>, shutdown: &Cancella
 
 pub async fn run(args: RunArgs) -> ExitCode {
     init_logging_at(args.log_json, &args.log_level);
+    match super::heap::serve_large_allocations_from_own_mappings() {
+        super::heap::HeapSetup::Set => tracing::info!(
+            threshold_bytes = super::heap::MMAP_THRESHOLD,
+            "heap: allocations from the threshold up get mappings of their own"
+        ),
+        super::heap::HeapSetup::LeftToEnvironment => {
+            tracing::info!("heap: the mmap threshold is MALLOC_MMAP_THRESHOLD_'s")
+        }
+        super::heap::HeapSetup::Unchanged => tracing::info!("heap: the allocator's defaults"),
+    }
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     let election = if args.leader_elect {
