@@ -68,14 +68,32 @@ mod tests {
         block.as_ptr() as usize % 4096 == 16
     }
 
+    /// Set in the child process the test below runs itself in.
+    const CHILD: &str = "K3SCP_HEAP_TEST_CHILD";
+
     /// After the setup, buffers the size of h2's read and write buffers get
     /// mappings of their own once the free end of the heap (at most glibc's
     /// 128 KiB padding) is used up: of 64 (768 KiB), at least 32. Before
     /// it, the heap grows for them and none does (by chance, one in 256 each).
+    ///
+    /// In a process of its own (this test binary again, this test only):
+    /// in the shared one, blocks other tests freed would serve the buffers.
     #[test]
     fn buffers_of_8_and_16_kib_get_mappings_of_their_own() {
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() {
-            eprintln!("skipped: MALLOC_MMAP_THRESHOLD_ is set in this environment");
+        if std::env::var_os(CHILD).is_none() {
+            let name = "cli::heap::tests::buffers_of_8_and_16_kib_get_mappings_of_their_own";
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD, "1")
+                .env_remove("MALLOC_MMAP_THRESHOLD_")
+                .output()
+                .expect("the test binary runs again");
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "in a process of its own: {text}"
+            );
             return;
         }
         assert_eq!(serve_large_allocations_from_own_mappings(), HeapSetup::Set);
