@@ -58,20 +58,6 @@ pub fn trim<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
-/// The annotation `kubectl apply` keeps on what it applied: the whole object
-/// again, for a Secret its data too.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drop from a Secret the Secret cache keeps what no decision reads: the
-/// field-ownership records ([`trim`]) and a `kubectl apply` copy of the whole
-/// Secret, so that a cluster's certificates and keys are held once, not twice.
-pub fn trim_secret(secret: &mut k8s_openapi::api::core::v1::Secret) {
-    trim(secret);
-    if let Some(annotations) = secret.metadata.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
 /// The reflector stores the reconcile reads from (installed by
 /// [`super::run`]; without them every read goes to the API).
 #[derive(Clone)]
@@ -453,40 +439,6 @@ mod tests {
         let kept = cache.put("ns", "c2", unversioned());
         let again = cache.put("ns", "c2", unversioned());
         assert!(!std::sync::Arc::ptr_eq(&kept, &again));
-    }
-
-    /// A cached Secret keeps its data, versions, owners and other
-    /// annotations; it loses the ownership records and `kubectl apply`'s
-    /// second copy of its data.
-    #[test]
-    fn a_cached_secret_is_held_once_without_what_no_decision_reads() {
-        let mut applied: Secret = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {
-                "name": "c1-etcd", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
-                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "o1", "controller": true}],
-                "annotations": {
-                    LAST_APPLIED: "{\"data\":{\"tls.key\":\"S0VZ\"}}",
-                    "example.com/kept": "yes",
-                },
-                "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1"}],
-            },
-            "data": {"tls.key": "S0VZ"},
-        }))
-        .unwrap();
-        let before = applied.clone();
-        trim_secret(&mut applied);
-        assert_eq!(applied.metadata.managed_fields, None);
-        assert_eq!(
-            applied.metadata.annotations,
-            Some([("example.com/kept".to_string(), "yes".to_string())].into())
-        );
-        assert_eq!(applied.data, before.data);
-        assert_eq!(version_of(&applied), version_of(&before));
-        assert_eq!(
-            applied.metadata.owner_references,
-            before.metadata.owner_references
-        );
     }
 
     #[test]

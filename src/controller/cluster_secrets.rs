@@ -26,6 +26,20 @@ use super::error::{Error, Result};
 
 const TOKEN_KEY: &str = TOKEN_SECRET_KEY;
 
+/// The annotation `kubectl apply` keeps on what it applied: the whole object
+/// again, for a Secret its data too.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drop from a Secret the Secret cache keeps what no decision reads: the
+/// field-ownership records (as [`super::caches::trim`] does) and a `kubectl apply` copy of the whole
+/// Secret, so that a cluster's certificates and keys are held once, not twice.
+pub fn trim_secret(secret: &mut Secret) {
+    secret.metadata.managed_fields = None;
+    if let Some(annotations) = secret.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// The five Secrets as read (`None` = not found). Never logged: no `Debug`.
 /// Built once per read and not changed after: what their content says is
 /// worked out on first use, once for every reconcile the Secret cache shares
@@ -75,7 +89,7 @@ impl ClusterSecretObjects {
                 context: format!("get Secret {namespace}/{name}"),
                 source,
             })?;
-            secret.iter_mut().for_each(super::caches::trim_secret);
+            secret.iter_mut().for_each(trim_secret);
             Ok::<_, Error>(secret)
         };
         Ok(Self {
@@ -522,6 +536,44 @@ mod tests {
         assert_eq!(
             ClusterSecretObjects::default().ca_validity(CaPurpose::Etcd),
             None
+        );
+    }
+
+    /// A cached Secret keeps its data, versions, owners and other
+    /// annotations; it loses the ownership records and `kubectl apply`'s
+    /// second copy of its data.
+    #[test]
+    fn a_cached_secret_is_held_once_without_what_no_decision_reads() {
+        let mut applied: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {
+                "name": "c1-etcd", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "o1", "controller": true}],
+                "annotations": {
+                    LAST_APPLIED: "{\"data\":{\"tls.key\":\"S0VZ\"}}",
+                    "example.com/kept": "yes",
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1"}],
+            },
+            "data": {"tls.key": "S0VZ"},
+        }))
+        .unwrap();
+        let before = applied.clone();
+        trim_secret(&mut applied);
+        assert_eq!(applied.metadata.managed_fields, None);
+        assert_eq!(
+            applied.metadata.annotations,
+            Some([("example.com/kept".to_string(), "yes".to_string())].into())
+        );
+        assert_eq!(applied.data, before.data);
+        assert_eq!(applied.metadata.uid, before.metadata.uid);
+        assert_eq!(
+            applied.metadata.resource_version,
+            before.metadata.resource_version
+        );
+        assert_eq!(
+            applied.metadata.owner_references,
+            before.metadata.owner_references
         );
     }
 }
