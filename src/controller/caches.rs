@@ -8,7 +8,9 @@
 //!   (`--watch-filter`) both watches select the shard's label, so a cluster's
 //!   Machines are served from the cache only once they are known to carry it
 //!   ([`MachineCoverage`]).
-//! - **Secret cache**: the five cluster Secrets, kept for `--secret-refresh`.
+//! - **Secret cache**: the five cluster Secrets, kept for `--secret-refresh`,
+//!   once per cluster and shared with the reconciles it serves, without
+//!   `managedFields` or a `kubectl apply` copy of their data.
 //!   Secrets are not watched: that would need list/watch on every Secret in
 //!   scope, more than the `get` we are granted.
 //!
