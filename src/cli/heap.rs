@@ -16,7 +16,8 @@
 //! `MALLOC_MMAP_THRESHOLD_` in the environment wins: glibc reads it at start,
 //! and it is left as the operator set it.
 
-/// Allocations of at least this many bytes are served by `mmap`.
+/// From this size up, glibc does not grow the heap for an allocation: it maps
+/// it on its own, unless the heap's free end still has room for it.
 pub const MMAP_THRESHOLD: usize = 8 * 1024;
 
 /// What [`serve_large_allocations_from_own_mappings`] did.
